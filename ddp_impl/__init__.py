@@ -1,0 +1,14 @@
+"""Our own bucketed DistributedDataParallel, after Li et al. (VLDB 2020) and today's torch DDP.
+
+Depends on torch only. ``buckets`` assigns parameters to buckets (pure functions), ``reducer`` owns the hooks,
+readiness, launch order and finalize, ``distributed`` is the module front-end, ``comm_hooks`` and
+``process_groups`` are the pluggable communication pieces, ``timing`` the per-iteration instrumentation.
+"""
+from . import comm_hooks
+from .buckets import Bucket, ParamSpec, assign_buckets
+from .distributed import DistributedDataParallel
+from .process_groups import RoundRobinProcessGroup
+from .timing import IterationTiming
+
+__all__ = ["DistributedDataParallel", "RoundRobinProcessGroup", "IterationTiming", "Bucket", "ParamSpec",
+           "assign_buckets", "comm_hooks"]

@@ -1,0 +1,102 @@
+"""Gradient bucket assignment: pure functions, testable without processes.
+
+The paper packs gradients into flat buckets so one allreduce moves many small tensors. Parameters are taken in
+the reverse of ``model.parameters()`` (roughly the order backward produces their gradients), split by (device,
+dtype) because one flat buffer holds one kind of tensor, and a bucket is closed once it reaches its cap, so it
+may exceed the cap by one tensor. The first bucket of each kind gets a small cap so the first ready gradients
+do not wait long before their allreduce starts (torch's later default of 1 MiB).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Sequence
+
+import torch
+
+MIB = 1024 * 1024
+
+
+@dataclass(frozen=True)
+class ParamSpec:
+    """What bucketing needs to know about a parameter; lets tests bucket a model without running it."""
+
+    name: str
+    numel: int
+    dtype: torch.dtype
+    device: torch.device
+
+    @property
+    def nbytes(self) -> int:
+        return self.numel * self.dtype.itemsize
+
+    @classmethod
+    def of(cls, name: str, param: torch.Tensor) -> "ParamSpec":
+        return cls(name, param.numel(), param.dtype, param.device)
+
+
+@dataclass(frozen=True)
+class Bucket:
+    """One flat buffer: the parameter indices it holds, in the order they lie in the buffer."""
+
+    index: int
+    param_indices: tuple[int, ...]
+    names: tuple[str, ...]
+    numel: int
+    nbytes: int
+    dtype: torch.dtype
+    device: torch.device
+
+    def as_dict(self) -> dict:
+        return {"index": self.index, "names": list(self.names), "numel": self.numel, "nbytes": self.nbytes,
+                "dtype": str(self.dtype), "device": str(self.device)}
+
+
+def mb_to_bytes(mb: float) -> int:
+    if mb < 0:
+        raise ValueError(f"bucket caps must be >= 0 MB, got {mb}")
+    return int(mb * MIB)
+
+
+def assign_buckets(specs: Sequence[ParamSpec], cap_bytes: int, first_cap_bytes: int | None = None,
+                   order: Sequence[int] | None = None) -> list[Bucket]:
+    """Group parameters into buckets.
+
+    ``order`` lists parameter indices in the order their gradients are expected (default: reverse registration
+    order). A cap of 0 gives one bucket per parameter; a cap larger than the model gives one bucket per kind.
+    Buckets are numbered by the position of their first parameter in ``order``, which is the order in which
+    every rank launches them.
+    """
+    if cap_bytes < 0 or (first_cap_bytes is not None and first_cap_bytes < 0):
+        raise ValueError(f"bucket caps must be >= 0 bytes, got cap={cap_bytes}, first={first_cap_bytes}")
+    if order is None:
+        order = range(len(specs) - 1, -1, -1)
+    order = list(order)
+    if sorted(order) != list(range(len(specs))):
+        raise ValueError("order must be a permutation of the parameter indices")
+    first_cap = cap_bytes if first_cap_bytes is None else min(first_cap_bytes, cap_bytes)
+
+    open_buckets: dict[tuple, list[int]] = {}
+    open_bytes: dict[tuple, int] = {}
+    closed_count: dict[tuple, int] = {}
+    groups: list[list[int]] = []
+    for i in order:
+        key = (specs[i].device, specs[i].dtype)
+        members = open_buckets.setdefault(key, [])
+        members.append(i)
+        open_bytes[key] = open_bytes.get(key, 0) + specs[i].nbytes
+        limit = first_cap if closed_count.get(key, 0) == 0 else cap_bytes
+        if open_bytes[key] >= limit:
+            groups.append(members)
+            closed_count[key] = closed_count.get(key, 0) + 1
+            del open_buckets[key], open_bytes[key]
+    groups.extend(open_buckets.values())
+
+    position = {p: k for k, p in enumerate(order)}
+    groups.sort(key=lambda g: position[g[0]])
+    buckets = []
+    for b, members in enumerate(groups):
+        s = specs[members[0]]
+        numel = sum(specs[i].numel for i in members)
+        buckets.append(Bucket(b, tuple(members), tuple(specs[i].name for i in members), numel,
+                              numel * s.dtype.itemsize, s.dtype, s.device))
+    return buckets

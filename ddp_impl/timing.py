@@ -1,0 +1,80 @@
+"""Per-iteration instrumentation, cheap enough to leave on.
+
+Stamps are taken at forward start and end, backward start (the first gradient reaching a module output), the end
+of backward (autograd done), each bucket's launch and finish, and the end of communication. On CPU a stamp is
+the host clock; on CUDA it is an event on the current stream, resolved only when the numbers are asked for.
+Derived fields follow torch's DDP logging data (``forward_compute_time``, ``backward_compute_time``,
+``backward_comm_time``, ``backward_compute_comm_overlap_time``; comm starts when the first bucket is launched),
+with ``_ms`` because ours are milliseconds, not torch's nanoseconds.
+"""
+from __future__ import annotations
+
+import time
+
+import torch
+
+
+class HostClock:
+    @staticmethod
+    def stamp() -> float:
+        return time.perf_counter()
+
+    @staticmethod
+    def ms(a, b) -> float:
+        return (b - a) * 1e3
+
+
+class CudaClock:
+    @staticmethod
+    def stamp():
+        event = torch.cuda.Event(enable_timing=True)
+        event.record()
+        return event
+
+    @staticmethod
+    def ms(a, b) -> float:
+        b.synchronize()
+        return a.elapsed_time(b)
+
+
+def clock_for(device: torch.device):
+    return CudaClock if device.type == "cuda" else HostClock
+
+
+class IterationTiming:
+    """Raw stamps of one synchronized iteration; ``as_dict()`` turns them into milliseconds."""
+
+    __slots__ = ("clock", "forward_start", "forward_end", "backward_start", "backward_end", "comm_end",
+                 "bucket_launch", "bucket_finish")
+
+    def __init__(self, clock, num_buckets: int):
+        self.clock = clock
+        self.forward_start = clock.stamp()
+        self.forward_end = self.backward_start = self.backward_end = self.comm_end = None
+        self.bucket_launch = [None] * num_buckets
+        self.bucket_finish = [None] * num_buckets
+
+    def as_dict(self) -> dict:
+        ms = self.clock.ms
+        t0 = self.forward_start
+        rel = lambda s: None if s is None else ms(t0, s)  # noqa: E731
+        launches = [rel(s) for s in self.bucket_launch]
+        finishes = [rel(s) for s in self.bucket_finish]
+        fwd_end, bwd_start, bwd_end, comm_end = (rel(s) for s in (self.forward_end, self.backward_start,
+                                                                   self.backward_end, self.comm_end))
+        started = [x for x in launches if x is not None]
+        comm_start = min(started) if started else bwd_end
+        comm = comm_end - comm_start
+        overlap = min(max(0.0, bwd_end - comm_start), comm)
+        return {
+            "forward_compute_time_ms": fwd_end,
+            "backward_compute_time_ms": bwd_end - bwd_start,
+            "backward_comm_time_ms": comm,
+            "backward_compute_comm_overlap_time_ms": overlap,
+            "exposed_comm_time_ms": comm - overlap,
+            "backward_start_ms": bwd_start,
+            "backward_end_ms": bwd_end,
+            "comm_end_ms": comm_end,
+            "bucket_launch_ms": launches,
+            "bucket_finish_ms": finishes,
+        }

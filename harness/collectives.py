@@ -1,0 +1,53 @@
+"""Allreduce microbenchmark (paper Figure 2): is one big allreduce faster than many small ones?
+
+A flat float32 buffer of ``total_params`` is split into ``ceil(total / k)`` contiguous chunks of
+``k = params_per_call`` elements, and the chunks are allreduced one after another with blocking calls
+(as a non-bucketed DDP would). One measured iteration = all chunks, between a barrier and a device sync.
+
+algbw = total bytes / time; busbw = algbw * 2(n-1)/n (nccl-tests' allreduce convention, n = world size),
+both in GB/s (1e9 bytes/s). The buffer holds zeros so values never overflow, however many iterations run.
+"""
+from __future__ import annotations
+
+import time
+
+import torch
+import torch.distributed as dist
+
+from harness.config import AllreduceConfig
+from harness.launch import RankContext, inject_fault
+from harness.runner import rank_metadata
+
+BYTES_PER_PARAM = 4  # float32
+
+
+def bus_factor(world_size: int) -> float:
+    """busbw / algbw for allreduce: 2(n-1)/n (0 for one rank, which moves nothing)."""
+    return 2 * (world_size - 1) / world_size
+
+
+def run_allreduce_point(ctx: RankContext, cfg: AllreduceConfig) -> list[dict]:
+    """Time ``cfg.iters`` rounds (after ``cfg.warmup``) of allreducing the buffer in chunks; one row each."""
+    inject_fault(cfg.fault, ctx.rank)
+    buffer = torch.zeros(cfg.total_params, dtype=torch.float32, device=ctx.device)
+    chunks = buffer.split(cfg.params_per_call)
+    total_bytes = cfg.total_params * BYTES_PER_PARAM
+    meta = rank_metadata(ctx)
+    rows = []
+    for it in range(cfg.warmup + cfg.iters):
+        dist.barrier(group=ctx.group)
+        ctx.synchronize()
+        t0 = time.perf_counter()
+        for chunk in chunks:
+            dist.all_reduce(chunk, group=ctx.group)
+        ctx.synchronize()
+        seconds = time.perf_counter() - t0
+        if it < cfg.warmup:
+            continue
+        algbw = total_bytes / seconds / 1e9
+        rows.append(dict(
+            meta, iteration=it - cfg.warmup, num_calls=len(chunks), total_bytes=total_bytes,
+            total_ms=seconds * 1e3, call_ms=seconds * 1e3 / len(chunks),
+            algbw_gbps=algbw, busbw_gbps=algbw * bus_factor(ctx.world_size),
+        ))
+    return rows

@@ -1,0 +1,239 @@
+"""Run a function on ``world_size`` ranks: spawned here, or in place under torchrun.
+
+``launch(fn, world_size, backend, args=...)`` calls ``fn(ctx, *args)`` on every rank with a
+:class:`RankContext` and returns the per-rank return values, indexed by rank.
+
+* Spawned (RANK not set): one process per rank on this machine (``spawn`` start method). The parent hosts
+  the rendezvous TCPStore on a kernel-chosen free port, so there is no port race. Each rank puts its result
+  or traceback on a queue; the parent fails the launch (and terminates the other ranks) as soon as one rank
+  reports an error or dies without reporting, so a crashed rank never hangs the parent.
+* In place (RANK set, e.g. ``torchrun``/SLURM): env:// rendezvous (RANK, WORLD_SIZE, LOCAL_RANK,
+  MASTER_ADDR/PORT); ``fn`` runs in this process and results are all-gathered, so every rank gets the list.
+  The default process group is created once and reused by later launches in the same job.
+
+Every process group gets ``timeout_s``, so a collective waiting on a hung or dead peer raises instead of
+blocking forever. Threads: each rank uses ``max(1, cores // ranks_on_this_node)`` unless told otherwise,
+and records it in ``ctx.num_threads``. NCCL ranks use GPU ``local_rank``.
+"""
+from __future__ import annotations
+
+import datetime
+import multiprocessing
+import os
+import queue
+import socket
+import sys
+import time
+import traceback
+from dataclasses import dataclass
+from typing import Any, Callable, Sequence
+
+import torch
+import torch.distributed as dist
+
+# A rank that has died without reporting may still have its result in flight; wait this long for it.
+_DEAD_GRACE_S = 2.0
+
+
+class LaunchError(RuntimeError):
+    """A rank raised, died, or hung; the message holds each failed rank's traceback or exit code."""
+
+
+@dataclass(frozen=True)
+class RankContext:
+    rank: int
+    world_size: int
+    local_rank: int
+    backend: str
+    device: torch.device
+    num_threads: int
+    timeout_s: float
+    group: Any = None  # process group to use; None = the default (WORLD)
+
+    def synchronize(self) -> None:
+        """Wait for queued device work, so host clocks bracket the real work."""
+        if self.device.type == "cuda":
+            torch.cuda.synchronize(self.device)
+
+
+def find_free_port() -> int:
+    """A currently free TCP port on localhost (may be taken by the time it is used; prefer TCPStore(0))."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def available_cores() -> int:
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:  # not Linux
+        return os.cpu_count() or 1
+
+
+def threads_per_rank(ranks_on_node: int, requested: int = 0) -> int:
+    """``requested`` if positive, else the cores of this machine shared evenly by its ranks."""
+    return requested if requested > 0 else max(1, available_cores() // max(1, ranks_on_node))
+
+
+def in_place() -> bool:
+    """True under torchrun/SLURM-style launchers that already set RANK: run in this process."""
+    return "RANK" in os.environ
+
+
+def inject_fault(fault: str, rank: int) -> None:
+    """Test hook: make ``rank`` raise, exit without reporting, or hang (``"<kind>@<rank>"``)."""
+    if not fault:
+        return
+    kind, _, target = fault.partition("@")
+    if int(target) != rank:
+        return
+    if kind == "raise":
+        raise RuntimeError(f"injected fault on rank {rank}")
+    if kind == "exit":
+        os._exit(3)
+    if kind == "hang":
+        while True:
+            time.sleep(3600)
+
+
+def _make_context(rank, world_size, local_rank, local_world_size, backend, timeout_s, threads, group=None):
+    num_threads = threads_per_rank(local_world_size, threads)
+    torch.set_num_threads(num_threads)
+    if backend == "nccl":
+        torch.cuda.set_device(local_rank)
+        device = torch.device("cuda", local_rank)
+    else:
+        device = torch.device("cpu")
+    return RankContext(rank, world_size, local_rank, backend, device, num_threads, timeout_s, group)
+
+
+def _worker(rank, world_size, backend, port, fn, args, timeout_s, threads, results) -> None:
+    try:
+        os.environ.update(LOCAL_RANK=str(rank), LOCAL_WORLD_SIZE=str(world_size))
+        ctx = _make_context(rank, world_size, rank, world_size, backend, timeout_s, threads)
+        timeout = datetime.timedelta(seconds=timeout_s)
+        store = dist.TCPStore("127.0.0.1", port, world_size, is_master=False, timeout=timeout)
+        dist.init_process_group(backend, store=store, rank=rank, world_size=world_size, timeout=timeout)
+        results.put((rank, "ok", fn(ctx, *args)))
+    except BaseException:  # noqa: BLE001 - everything goes back to the parent
+        results.put((rank, "error", traceback.format_exc()))
+    finally:
+        if dist.is_initialized():
+            dist.destroy_process_group()
+
+
+def _terminate(procs) -> None:
+    for p in procs:
+        if p.is_alive():
+            p.terminate()
+    for p in procs:
+        p.join(timeout=5)
+        if p.is_alive():
+            p.kill()
+            p.join(timeout=5)
+
+
+def _spawn(fn, world_size, backend, args, timeout_s, threads, deadline_s) -> list:
+    mp = multiprocessing.get_context("spawn")
+    results = mp.Queue()
+    timeout = datetime.timedelta(seconds=timeout_s)
+    store = dist.TCPStore("127.0.0.1", 0, world_size + 1, is_master=True, timeout=timeout, wait_for_workers=False)
+    procs = [
+        mp.Process(target=_worker, args=(r, world_size, backend, store.port, fn, args, timeout_s, threads, results),
+                   daemon=True, name=f"rank{r}")
+        for r in range(world_size)
+    ]
+    for p in procs:
+        p.start()
+    start = time.monotonic()
+    outputs: dict[int, Any] = {}
+    errors: dict[int, str] = {}
+    dead_since: dict[int, float] = {}
+    first_done = None
+    try:
+        while len(outputs) < world_size and not errors:
+            try:
+                rank, status, payload = results.get(timeout=0.2)
+            except queue.Empty:
+                now = time.monotonic()
+                for r, p in enumerate(procs):
+                    if r not in outputs and p.exitcode is not None:
+                        if now - dead_since.setdefault(r, now) > _DEAD_GRACE_S:
+                            errors[r] = f"rank {r} exited with code {p.exitcode} without reporting a result"
+                if deadline_s is not None and now - start > deadline_s:
+                    errors.update({r: f"rank {r} still running after the {deadline_s:.0f} s deadline"
+                                   for r in range(world_size) if r not in outputs})
+                # Ranks that finished have completed every collective; one lagging by more than the
+                # process-group timeout is stuck outside collectives.
+                if first_done is not None and now - first_done > timeout_s:
+                    errors.update({r: f"rank {r} still running {timeout_s:.0f} s after rank(s) "
+                                      f"{sorted(outputs)} finished" for r in range(world_size) if r not in outputs})
+                continue
+            if status == "ok":
+                outputs[rank] = payload
+                first_done = first_done or time.monotonic()
+            else:
+                errors[rank] = payload
+    finally:
+        _terminate(procs)
+        del store
+    if errors:
+        detail = "\n".join(f"--- rank {r} ---\n{msg.rstrip()}" for r, msg in sorted(errors.items()))
+        raise LaunchError(f"{len(errors)} of {world_size} rank(s) failed ({backend}):\n{detail}")
+    return [outputs[r] for r in range(world_size)]
+
+
+def init_in_place(backend: str, timeout_s: float) -> None:
+    """Create the default process group from env:// if not yet there (torchrun / SLURM path)."""
+    if not dist.is_initialized():
+        local_rank = int(os.environ.get("LOCAL_RANK", 0))
+        if backend == "nccl":
+            torch.cuda.set_device(local_rank)
+        dist.init_process_group(backend, init_method="env://", timeout=datetime.timedelta(seconds=timeout_s))
+
+
+def _run_in_place(fn, world_size, backend, args, timeout_s, threads) -> list:
+    env_world = int(os.environ["WORLD_SIZE"])
+    if env_world != world_size:
+        raise ValueError(f"world_size={world_size} but the launcher started WORLD_SIZE={env_world} ranks")
+    init_in_place(backend, timeout_s)
+    group = None
+    if dist.get_backend() != backend:  # e.g. a gloo point inside an nccl job
+        group = dist.new_group(backend=backend, timeout=datetime.timedelta(seconds=timeout_s))
+    rank, local_rank = dist.get_rank(), int(os.environ.get("LOCAL_RANK", 0))
+    local_world = int(os.environ.get("LOCAL_WORLD_SIZE", world_size))
+    ctx = _make_context(rank, world_size, local_rank, local_world, backend, timeout_s, threads, group)
+    try:
+        status = ("ok", fn(ctx, *args))
+    except Exception:  # noqa: BLE001 - peers must learn of it
+        status = ("error", traceback.format_exc())
+    gathered: list = [None] * world_size
+    dist.all_gather_object(gathered, status, group=group)
+    errors = {r: payload for r, (state, payload) in enumerate(gathered) if state != "ok"}
+    if errors:
+        detail = "\n".join(f"--- rank {r} ---\n{msg.rstrip()}" for r, msg in sorted(errors.items()))
+        raise LaunchError(f"{len(errors)} of {world_size} rank(s) failed ({backend}):\n{detail}")
+    return [payload for _, payload in gathered]
+
+
+def launch(fn: Callable[..., Any], world_size: int, backend: str = "gloo", *, args: Sequence = (),
+           timeout_s: float = 300.0, threads: int = 0, deadline_s: float | None = None) -> list:
+    """Run ``fn(ctx, *args)`` on ``world_size`` ranks; return the results indexed by rank.
+
+    ``fn`` must be a module-level function (it is pickled into spawned ranks). ``timeout_s`` is the
+    process-group timeout; ``threads`` (0 = auto) the torch threads per rank; ``deadline_s`` an optional
+    wall-clock limit for the whole launch (spawned mode). Raises :class:`LaunchError` if any rank fails.
+    """
+    if world_size < 1:
+        raise ValueError(f"world_size must be positive, got {world_size}")
+    if backend not in ("gloo", "nccl"):
+        raise ValueError(f"unknown backend {backend!r}; choose 'gloo' or 'nccl'")
+    if backend == "nccl" and not in_place():
+        if not torch.cuda.is_available():
+            raise ValueError("backend='nccl' needs CUDA, but torch.cuda.is_available() is False")
+        if world_size > torch.cuda.device_count():
+            raise ValueError(f"world_size={world_size} exceeds the {torch.cuda.device_count()} visible GPU(s)")
+    if in_place():
+        return _run_in_place(fn, world_size, backend, args, timeout_s, threads)
+    sys.stdout.flush()
+    return _spawn(fn, world_size, backend, args, timeout_s, threads, deadline_s)

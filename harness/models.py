@@ -1,0 +1,117 @@
+"""Models and synthetic inputs, built from configs with random weights (nothing is ever downloaded).
+
+Profiles set input sizes only; the model is the same in both, so the gradient volume that DDP
+communicates is unchanged and ``cpu`` runs measure the same communication as ``paper`` runs.
+
+Assumptions (the paper does not state them; see paper-notes.md):
+  * ``paper``: ResNet50 at 224x224, batch 32 per GPU; BERT (base or large) sequence length 128, batch 8
+    per GPU. The small test model uses 32x32 images, batch 32.
+  * ``cpu``: ResNet50 at 64x64, batch 4; BERT-base sequence 32, batch 2; BERT-large sequence 32, batch 1;
+    small model 16x16, batch 8. Chosen so one iteration takes around a second on a 2-core machine.
+Inputs are generated once per rank on its device (seeded by seed and rank) and reused every iteration, so
+data generation is never timed.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+from torch import nn
+
+from harness.config import MODELS, PROFILES
+
+
+@dataclass(frozen=True)
+class InputSpec:
+    batch_size: int
+    image_size: int = 0  # vision models
+    seq_len: int = 0  # BERT
+
+
+INPUTS = {
+    ("paper", "small"): InputSpec(32, image_size=32),
+    ("paper", "resnet50"): InputSpec(32, image_size=224),
+    ("paper", "bert-base"): InputSpec(8, seq_len=128),
+    ("paper", "bert-large"): InputSpec(8, seq_len=128),
+    ("cpu", "small"): InputSpec(8, image_size=16),
+    ("cpu", "resnet50"): InputSpec(4, image_size=64),
+    ("cpu", "bert-base"): InputSpec(2, seq_len=32),
+    ("cpu", "bert-large"): InputSpec(1, seq_len=32),
+}
+
+NUM_CLASSES = {"small": 10, "resnet50": 1000}
+
+
+class SmallNet(nn.Module):
+    """Tiny conv net with a BatchNorm (so buffer broadcast is exercised) for fast tests."""
+
+    def __init__(self, num_classes: int = 10):
+        super().__init__()
+        self.features = nn.Sequential(
+            nn.Conv2d(3, 16, 3, padding=1), nn.BatchNorm2d(16), nn.ReLU(), nn.AdaptiveAvgPool2d(4),
+        )
+        self.head = nn.Sequential(nn.Flatten(), nn.Linear(256, 64), nn.ReLU(), nn.Linear(64, num_classes))
+
+    def forward(self, x):
+        return self.head(self.features(x))
+
+
+def bert_config(name: str):
+    from transformers import BertConfig
+
+    if name == "bert-base":
+        return BertConfig()  # 12 layers, hidden 768, 12 heads, ~110M parameters
+    if name == "bert-large":
+        return BertConfig(hidden_size=1024, num_hidden_layers=24, num_attention_heads=16, intermediate_size=4096)
+    raise ValueError(f"unknown BERT model {name!r}")
+
+
+def build_model(name: str) -> nn.Module:
+    """A randomly initialised model; seed torch before calling for identical weights on every rank."""
+    if name == "small":
+        return SmallNet(NUM_CLASSES["small"])
+    if name == "resnet50":
+        import torchvision
+
+        return torchvision.models.resnet50(weights=None)
+    if name in ("bert-base", "bert-large"):
+        from transformers import BertForPreTraining
+
+        return BertForPreTraining(bert_config(name))
+    raise ValueError(f"unknown model {name!r}; choose one of {list(MODELS)}")
+
+
+def input_spec(name: str, profile: str, batch_size: int = 0) -> InputSpec:
+    if profile not in PROFILES:
+        raise ValueError(f"unknown profile {profile!r}; choose one of {list(PROFILES)}")
+    if name not in MODELS:
+        raise ValueError(f"unknown model {name!r}; choose one of {list(MODELS)}")
+    spec = INPUTS[(profile, name)]
+    return InputSpec(batch_size, spec.image_size, spec.seq_len) if batch_size > 0 else spec
+
+
+def make_inputs(name: str, spec: InputSpec, device: torch.device, seed: int = 0) -> dict:
+    """Synthetic batch as keyword arguments for :func:`compute_loss` (random ids, no tokenizer)."""
+    gen = torch.Generator().manual_seed(seed)
+    b = spec.batch_size
+    if name in NUM_CLASSES:
+        x = torch.randn(b, 3, spec.image_size, spec.image_size, generator=gen)
+        y = torch.randint(0, NUM_CLASSES[name], (b,), generator=gen)
+        return {"x": x.to(device), "y": y.to(device)}
+    vocab = bert_config(name).vocab_size
+    ids = torch.randint(0, vocab, (b, spec.seq_len), generator=gen)
+    batch = {
+        "input_ids": ids,
+        "token_type_ids": (torch.arange(spec.seq_len) >= spec.seq_len // 2).long().expand(b, -1).contiguous(),
+        "attention_mask": torch.ones(b, spec.seq_len, dtype=torch.long),
+        "labels": ids.clone(),  # masked-LM targets: predict every token
+        "next_sentence_label": torch.randint(0, 2, (b,), generator=gen),
+    }
+    return {k: v.to(device) for k, v in batch.items()}
+
+
+def compute_loss(name: str, model: nn.Module, inputs: dict) -> torch.Tensor:
+    """Forward pass plus loss; ``model`` may be wrapped in any DDP."""
+    if name in NUM_CLASSES:
+        return nn.functional.cross_entropy(model(inputs["x"]), inputs["y"])
+    return model(**inputs).loss

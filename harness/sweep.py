@@ -1,0 +1,132 @@
+"""Resumable sweeps: run each point not yet stored, store it atomically, keep going on failures.
+
+    from harness import TrainConfig, run_sweep
+    points = [TrainConfig(model="resnet50", impl="ours", bucket_cap_mb=mb) for mb in (0, 5, 25, 100)]
+    df = run_sweep("fig7", points)          # rerun after a kill: stored points are skipped
+    run_sweep("fig7", points, dry_run=True)  # list the points and whether each is stored
+
+All points are validated before the first launch, so a bad value fails the sweep before anything runs. A
+point that raises, crashes or times out is stored as one row with ``error`` set; rerun with
+``retry_errors=True`` to try those again. Under torchrun (RANK set) the same call runs each point in place:
+rank 0 decides which points are pending and writes the results; points whose world_size differs from the
+job's WORLD_SIZE are skipped with a note, so one driver can serve jobs of several sizes.
+"""
+from __future__ import annotations
+
+import datetime
+import os
+import sys
+import time
+import traceback
+from pathlib import Path
+from typing import Sequence
+
+import pandas as pd
+from tqdm import tqdm
+
+from harness import results
+from harness.config import AllreduceConfig, PointConfig, TrainConfig, config_columns, point_id, validate
+from harness.launch import in_place, init_in_place, launch
+
+MAX_ERROR_CHARS = 8000
+
+
+def run_point(cfg: PointConfig, deadline_s: float | None = None) -> list[dict]:
+    """Launch one validated point's ranks and return their rows (config columns included), all ranks."""
+    cfg = validate(cfg)
+    if isinstance(cfg, TrainConfig):
+        from harness.runner import run_training_point as fn
+    else:
+        from harness.collectives import run_allreduce_point as fn
+    per_rank = launch(fn, cfg.world_size, cfg.backend, args=(cfg,), timeout_s=cfg.timeout_s,
+                      threads=cfg.threads_per_rank, deadline_s=deadline_s)
+    config = config_columns(cfg)
+    return [{**config, **row} for rows in per_rank for row in rows]
+
+
+def _error_row(cfg: PointConfig, exc: BaseException) -> dict:
+    text = "".join(traceback.format_exception(exc)).strip()
+    if len(text) > MAX_ERROR_CHARS:
+        text = "...\n" + text[-MAX_ERROR_CHARS:]
+    return {**config_columns(cfg), "error": text}
+
+
+def _pending(experiment: str, ids: list[str], root, retry_errors: bool) -> set[str]:
+    stored = results.stored_point_ids(experiment, root)
+    if retry_errors:
+        stored -= results.failed_point_ids(experiment, root)
+    return {pid for pid in ids if pid not in stored}
+
+
+def _agree_on_pending(pending: set[str], backend: str, timeout_s: float) -> set[str]:
+    """Under torchrun only rank 0's file system counts: broadcast its view to every rank."""
+    import torch.distributed as dist
+
+    init_in_place(backend, timeout_s)
+    box = [sorted(pending)]
+    dist.broadcast_object_list(box, src=0)
+    return set(box[0])
+
+
+def run_sweep(experiment: str, points: Sequence[PointConfig], *, root: str | os.PathLike | None = None,
+              dry_run: bool = False, retry_errors: bool = False, progress: bool = True,
+              deadline_s: float | None = None) -> pd.DataFrame:
+    """Run every point of ``experiment`` not yet stored; return all stored rows of the experiment.
+
+    ``dry_run`` returns (and prints) one row per point: point_id, stored or pending, and its config.
+    ``deadline_s`` bounds each spawned point's wall-clock time. ``root`` overrides the results folder.
+    """
+    resolved = [validate(p) for p in points]  # every bad value raises here, before any launch
+    ids = [point_id(p) for p in resolved]
+    unique = dict(zip(ids, resolved))  # duplicates run once
+    if in_place():
+        world = int(os.environ["WORLD_SIZE"])
+        skipped = [pid for pid, p in unique.items() if p.world_size != world]
+        if skipped and int(os.environ["RANK"]) == 0:
+            print(f"[{experiment}] skipping {len(skipped)} point(s) whose world_size != WORLD_SIZE={world}")
+        unique = {pid: p for pid, p in unique.items() if pid not in skipped}
+    pending = _pending(experiment, list(unique), root, retry_errors)
+    if dry_run:
+        plan = pd.DataFrame([{"point_id": pid, "status": "pending" if pid in pending else "stored",
+                              **config_columns(p)} for pid, p in unique.items()])
+        with pd.option_context("display.width", 200, "display.max_columns", 12):
+            print(plan.to_string(index=False) if len(plan) else "no points")
+        return plan
+    writer = True
+    if in_place() and unique:
+        first = next(iter(unique.values()))
+        pending = _agree_on_pending(pending, first.backend, first.timeout_s)
+        writer = int(os.environ["RANK"]) == 0
+    commit = results.git_commit() if writer else ""
+    bar = tqdm(total=len(unique), desc=experiment, unit="point", disable=not (progress and writer),
+               file=sys.stderr, dynamic_ncols=True)
+    with bar:
+        bar.update(len(unique) - len(pending))
+        for pid, cfg in unique.items():
+            if pid not in pending:
+                continue
+            bar.set_postfix_str(_describe(cfg), refresh=True)
+            started = datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")
+            t0 = time.monotonic()
+            try:
+                rows = run_point(cfg, deadline_s=deadline_s)
+            except Exception as exc:  # noqa: BLE001 - the sweep goes on; the error is stored
+                rows = [_error_row(cfg, exc)]
+                if writer:
+                    tqdm.write(f"[{experiment}] point {pid} failed: {str(exc).splitlines()[0][:200]}",
+                               file=sys.stderr)
+            meta = {"git_commit": commit, "started_at": started, "point_seconds": time.monotonic() - t0}
+            if writer:
+                results.write_point(experiment, pid, [{**meta, **row} for row in rows], root)
+            bar.update(1)
+    return results.load_results(experiment, root)
+
+
+def _describe(cfg: PointConfig) -> str:
+    if isinstance(cfg, AllreduceConfig):
+        return f"allreduce {cfg.backend} n={cfg.world_size} k={cfg.params_per_call}"
+    return f"{cfg.model} {cfg.impl} {cfg.backend} n={cfg.world_size} cap={cfg.bucket_cap_mb}MB"
+
+
+def experiment_dir(experiment: str, root=None) -> Path:
+    return results.results_root(root) / experiment

@@ -1,0 +1,63 @@
+"""Our DDP against torch's DistributedDataParallel and against single-process training (Gloo, spawned ranks)."""
+import pytest
+
+from tests.ddp_impl import workers
+from tests.spawn import run_ranks
+
+TOL = 1e-6
+
+
+@pytest.fixture(scope="module", params=[2, 3], ids=lambda n: f"world{n}")
+def matrix(request):
+    return run_ranks(workers.equivalence_matrix, request.param)
+
+
+def test_matrix_covers_every_configuration(matrix):
+    names = matrix[0].keys()
+    for cap in workers.CAPS_MB:
+        assert f"convnet cap={cap} overlap=False" in names
+    assert {"no_sync accum=4", "find_unused cap=0", "round robin k=3"} <= set(names)
+
+
+def test_equal_to_torch_ddp(matrix):
+    bad = {f"rank{r} {name}": err for r, errors in enumerate(matrix) for name, err in errors.items() if err > TOL}
+    assert not bad, f"relative error above {TOL}: {bad}"
+
+
+def test_equal_to_single_process_on_global_batch():
+    for err in run_ranks(workers.global_batch, 2):
+        assert err < 1e-5
+
+
+def test_compression_hooks_match_torch_and_actually_compress():
+    for per_rank in run_ranks(workers.compression, 2):
+        for name, (vs_torch_hook, vs_fp32) in per_rank.items():
+            assert vs_torch_hook < 5e-3, name
+            assert 0 < vs_fp32 < 5e-2, name
+
+
+@pytest.mark.parametrize("rebuild", [True, False])
+def test_buckets_rebuilt_in_observed_gradient_order(rebuild):
+    ranks = run_ranks(workers.bucket_order, 2, rebuild)
+    before, after = ranks[0]
+    assert before[0] == ["early.bias"]  # reverse registration order predicts `early` first
+    if rebuild:
+        assert after[0][0].startswith("late.")  # but `late` produced its gradients first
+        assert {after[0][0], after[1][0]} == {"late.weight", "late.bias"}
+    else:
+        assert after == before
+    assert ranks[0] == ranks[1]  # every rank agrees on the mapping
+
+
+def test_timing_fields_are_consistent():
+    for per_rank in run_ranks(workers.timings, 2):
+        on, off = per_rank[True], per_rank[False]
+        for t in (on, off):
+            assert t["forward_compute_time_ms"] > 0 and t["backward_compute_time_ms"] > 0
+            assert t["backward_comm_time_ms"] > 0
+            assert 0 <= t["backward_compute_comm_overlap_time_ms"] <= t["backward_comm_time_ms"]
+            assert all(f >= s for s, f in zip(t["bucket_launch_ms"], t["bucket_finish_ms"]))
+            assert t["bucket_launch_ms"] == sorted(t["bucket_launch_ms"])  # launched in index order
+        assert on["bucket_launch_ms"][0] < on["backward_end_ms"]  # overlap: first bucket leaves during backward
+        assert off["bucket_launch_ms"][0] >= off["backward_end_ms"]
+        assert off["backward_compute_comm_overlap_time_ms"] == 0

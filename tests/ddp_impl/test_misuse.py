@@ -1,0 +1,43 @@
+"""Misuse gets a clear error within bounded time, never a hang or a silently wrong gradient."""
+import pytest
+import torch
+
+from ddp_impl import DistributedDataParallel
+from tests.ddp_impl import workers
+from tests.spawn import run_ranks
+
+
+def test_no_process_group():
+    with pytest.raises(RuntimeError, match="init_process_group"):
+        DistributedDataParallel(torch.nn.Linear(2, 2))
+
+
+@pytest.mark.parametrize("kwargs", [dict(bucket_cap_mb=-1), dict(first_bucket_cap_mb=-0.5)])
+def test_negative_bucket_caps(kwargs):
+    with pytest.raises(ValueError, match="bucket caps must be >= 0"):
+        DistributedDataParallel(torch.nn.Linear(2, 2), **kwargs)
+
+
+def test_unknown_comm_hook():
+    with pytest.raises(ValueError, match="unknown comm_hook 'int4'"):
+        DistributedDataParallel(torch.nn.Linear(2, 2), comm_hook="int4")
+
+
+def test_nccl_with_cpu_tensors():
+    named = list(torch.nn.Linear(2, 2).named_parameters())
+    with pytest.raises(ValueError, match="NCCL backend needs CUDA tensors, but parameter weight is on cpu"):
+        DistributedDataParallel._check_devices(named, "nccl")
+
+
+def test_parameter_without_gradient_is_named_at_next_forward():
+    errors = run_ranks(workers.missing_gradient, 2, timeout=60, expect_errors=True)
+    for tb in errors:
+        assert tb is not None and "RuntimeError" in tb
+        assert "never.weight, never.bias" in tb and "find_unused_parameters=True" in tb
+
+
+def test_different_models_on_different_ranks():
+    errors = run_ranks(workers.mismatched_models, 2, timeout=60, expect_errors=True)
+    for tb in errors:
+        assert "parameter mismatch at position 0: rank 0 has weight (4, 4)" in tb
+        assert "rank 1 has weight (5, 4)" in tb
