@@ -4,7 +4,13 @@ VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: setup test clean
+FIGURES := fig2 fig6 fig7 fig8 fig9 fig10 fig11 fig12
+# `make fig7 WORLD_SIZE=4 ARGS="--iters=20"`: any driver Config field can be overridden through ARGS.
+# WORLD_SIZE applies to the figures measured at one world size; fig9/fig10 take ARGS="--world_sizes=1,2,4".
+WS_ARG = $(if $(WORLD_SIZE),--world_size=$(WORLD_SIZE))
+fig9 fig10 fig11 fig2: WS_ARG =
+
+.PHONY: setup test clean figures plots $(FIGURES)
 
 setup: $(STAMP)
 
@@ -16,6 +22,14 @@ $(STAMP): pyproject.toml
 
 test: setup
 	$(PY) -m pytest tests
+
+$(FIGURES): setup
+	$(PY) -m experiments $@ $(WS_ARG) $(ARGS)
+
+figures: $(FIGURES)
+
+plots: setup
+	$(PY) -m experiments plots
 
 clean:
 	rm -rf $(VENV) .pytest_cache

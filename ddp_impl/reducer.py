@@ -167,9 +167,10 @@ class Reducer:
 
     def _launch(self, b: int) -> None:
         timing = self.timing
-        fut = self.comm_hook(self._group_for(b), self.flats[b])
         if timing is not None:
             timing.bucket_launch[b] = timing.clock.stamp()
+        fut = self.comm_hook(self._group_for(b), self.flats[b])
+        if timing is not None:
             if timing.clock is HostClock:  # completion time of the collective itself
                 def stamp_finish(f, b=b):
                     timing.bucket_finish[b] = timing.clock.stamp()
