@@ -10,7 +10,9 @@ Under torchrun every rank runs the sweep in place and rank 0 stores and plots (s
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import importlib
+import json
 import os
 import pkgutil
 import sys
@@ -19,6 +21,9 @@ from pathlib import Path
 import experiments
 from experiments import common
 from harness import add_dataclass_arguments, dataclass_from_namespace, load_results, run_sweep
+from harness.results import results_root
+
+CONFIG_FILE = "driver_config.json"  # the driver settings of the last run, so `plots` redraws the same figure
 
 
 def drivers() -> dict:
@@ -35,7 +40,26 @@ def _is_writer() -> bool:
     return int(os.environ.get("RANK", "0")) == 0
 
 
-def draw(driver, cfg, root=None) -> Path | None:
+def save_config(driver, cfg, root=None) -> None:
+    path = results_root(root) / driver.FIGURE / CONFIG_FILE
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_suffix(".tmp")
+    tmp.write_text(json.dumps(dataclasses.asdict(cfg), indent=1))
+    os.replace(tmp, path)
+
+
+def stored_config(driver, root=None):
+    """The Config of the last run of this figure (defaults where nothing was stored)."""
+    path = results_root(root) / driver.FIGURE / CONFIG_FILE
+    if not path.exists():
+        return driver.Config()
+    fields = {f.name: f for f in dataclasses.fields(driver.Config)}
+    saved = json.loads(path.read_text())
+    return driver.Config(**{k: tuple(v) if isinstance(v, list) else v for k, v in saved.items() if k in fields})
+
+
+def draw(driver, cfg=None, root=None) -> Path | None:
+    cfg = cfg if cfg is not None else stored_config(driver, root)
     df = load_results(driver.FIGURE, root)
     if df.empty:
         print(f"[{driver.FIGURE}] no stored results yet; run `make {driver.FIGURE}` first")
@@ -61,6 +85,8 @@ def run_figure(driver, argv: list[str]) -> int:
         run_sweep(driver.FIGURE, points, dry_run=ns.dry_run, retry_errors=ns.retry_errors)
         if ns.dry_run:
             return 0
+        if _is_writer():
+            save_config(driver, cfg)
     if _is_writer():
         draw(driver, cfg)
     return 0
@@ -79,7 +105,7 @@ def main(argv: list[str] | None = None) -> int:
         for name in rest or found:
             if name not in found:
                 raise SystemExit(f"unknown figure {name!r}; known: {', '.join(found)}")
-            draw(found[name], found[name].Config())
+            draw(found[name])
         return 0
     if command not in found:
         raise SystemExit(f"unknown figure {command!r}; known: {', '.join(found)} (or `list`, `plots`)")

@@ -223,18 +223,18 @@ def add_dataclass_arguments(parser: argparse.ArgumentParser, cls) -> argparse.Ar
     """Add one ``--name=value`` option per field of dataclass ``cls`` (default: the field's default)."""
     hints = typing.get_type_hints(cls)
     for f in dataclasses.fields(cls):
+        required = False
         if f.default is not dataclasses.MISSING:
             default = f.default
         elif f.default_factory is not dataclasses.MISSING:  # type: ignore[misc]
             default = f.default_factory()  # type: ignore[misc]
         else:
-            default = None
-        shown = ",".join(map(str, default)) if isinstance(default, (list, tuple)) else default
-        parser.add_argument(
-            f"--{f.name}", type=_converter(hints[f.name]), default=default,
-            required=default is None, metavar=hints[f.name].__name__ if isinstance(hints[f.name], type) else "LIST",
-            help=f"(default: {shown!r})",
-        )
+            default, required = None, True
+        shown = ",".join(map(str, default)) if isinstance(default, (list, tuple)) else repr(default)
+        tp = hints[f.name]
+        metavar = "A,B,..." if typing.get_origin(tp) in (list, tuple) else getattr(tp, "__name__", "VALUE")
+        parser.add_argument(f"--{f.name}", type=_converter(tp), default=default, required=required,
+                            metavar=metavar, help="required" if required else f"(default: {shown})")
     return parser
 
 

@@ -216,6 +216,13 @@ def _run_in_place(fn, world_size, backend, args, timeout_s, threads) -> list:
     return [payload for _, payload in gathered]
 
 
+def refuse_in_bootstrapping_child() -> None:
+    """Spawned ranks re-import the launching script; without a main guard it would launch (and store) again."""
+    if getattr(multiprocessing.current_process(), "_inheriting", False):
+        raise RuntimeError("a spawned rank is re-running the launching script while it starts up: put the "
+                           "driver's code under `if __name__ == '__main__':`")
+
+
 def launch(fn: Callable[..., Any], world_size: int, backend: str = "gloo", *, args: Sequence = (),
            timeout_s: float = 300.0, threads: int = 0, deadline_s: float | None = None) -> list:
     """Run ``fn(ctx, *args)`` on ``world_size`` ranks; return the results indexed by rank.
@@ -224,6 +231,7 @@ def launch(fn: Callable[..., Any], world_size: int, backend: str = "gloo", *, ar
     process-group timeout; ``threads`` (0 = auto) the torch threads per rank; ``deadline_s`` an optional
     wall-clock limit for the whole launch (spawned mode). Raises :class:`LaunchError` if any rank fails.
     """
+    refuse_in_bootstrapping_child()
     if world_size < 1:
         raise ValueError(f"world_size must be positive, got {world_size}")
     if backend not in ("gloo", "nccl"):

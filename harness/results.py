@@ -136,7 +136,7 @@ def write_point(experiment: str, point_id: str, rows: Sequence[dict], root=None)
 
 
 def read_point_file(path: Path) -> pd.DataFrame:
-    df = pd.read_csv(path, keep_default_na=False, na_values=[""], float_precision="round_trip",
+    df = pd.read_csv(path, keep_default_na=False, na_values=[""],
                      dtype={c: "string" for c, t in SCHEMA.items() if t == "string"})
     return _apply_dtypes(df)
 

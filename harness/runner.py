@@ -21,6 +21,7 @@ With ``sync_every = n``, iteration ``i`` (counted from the first warmup iteratio
 from __future__ import annotations
 
 import contextlib
+import datetime
 import json
 import math
 import socket
@@ -59,8 +60,6 @@ def wrap_model(model: torch.nn.Module, cfg: TrainConfig, ctx: RankContext):
             ddp.register_comm_hook(ctx.group, _comm_hook("torch", cfg.comm_hook))
         ddp._set_ddp_runtime_logging_sample_rate(1)
         return ddp
-    import datetime
-
     from ddp_impl import DistributedDataParallel, RoundRobinProcessGroup  # lazily: ddp_impl may be in progress
 
     group = ctx.group

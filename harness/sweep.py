@@ -18,7 +18,6 @@ import os
 import sys
 import time
 import traceback
-from pathlib import Path
 from typing import Sequence
 
 import pandas as pd
@@ -26,7 +25,7 @@ from tqdm import tqdm
 
 from harness import results
 from harness.config import AllreduceConfig, PointConfig, TrainConfig, config_columns, point_id, validate
-from harness.launch import in_place, init_in_place, launch
+from harness.launch import in_place, init_in_place, launch, refuse_in_bootstrapping_child
 
 MAX_ERROR_CHARS = 8000
 
@@ -76,6 +75,7 @@ def run_sweep(experiment: str, points: Sequence[PointConfig], *, root: str | os.
     ``dry_run`` returns (and prints) one row per point: point_id, stored or pending, and its config.
     ``deadline_s`` bounds each spawned point's wall-clock time. ``root`` overrides the results folder.
     """
+    refuse_in_bootstrapping_child()
     resolved = [validate(p) for p in points]  # every bad value raises here, before any launch
     ids = [point_id(p) for p in resolved]
     unique = dict(zip(ids, resolved))  # duplicates run once
@@ -126,7 +126,3 @@ def _describe(cfg: PointConfig) -> str:
     if isinstance(cfg, AllreduceConfig):
         return f"allreduce {cfg.backend} n={cfg.world_size} k={cfg.params_per_call}"
     return f"{cfg.model} {cfg.impl} {cfg.backend} n={cfg.world_size} cap={cfg.bucket_cap_mb}MB"
-
-
-def experiment_dir(experiment: str, root=None) -> Path:
-    return results.results_root(root) / experiment

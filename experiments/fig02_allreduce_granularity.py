@@ -1,0 +1,101 @@
+"""Figure 2: allreduce time vs parameters per call, beside backward compute time (paper Section 3.2).
+
+    make fig2                                   CPU default: Gloo, 2 ranks, ResNet50-sized gradient (~4 min)
+    make fig2 ARGS="--world_sizes=2,4 --params_per_call=100000,1000000"
+    torchrun ... -m experiments fig2 --world_sizes=16 --total_params=60000000
+
+A flat float32 gradient of ``total_params`` (default: as many as ``compute_model`` has) is allreduced in
+calls of k parameters each. Fewer, larger calls should be much faster; and the total time should be of the
+same order as the model's backward pass (measured on one rank without DDP), which is why overlapping the two
+pays. The dashed line in each panel is that backward compute time.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from experiments import common
+from harness import AllreduceConfig, TrainConfig
+
+FIGURE = "fig2"
+PAPER = {
+    "setup": "60M float32 parameters, NCCL and Gloo, 2-16 GPUs [likely]; backward of ResNet152 [likely]",
+    "claim": "fewer, larger allreduces are much faster; backward compute and communication take similar time",
+}
+RESNET50_PARAMS = 25_557_032
+
+
+@dataclass(frozen=True)
+class Config:
+    """Allreduce granularity sweep; every field is a --key=value override."""
+
+    backends: tuple[str, ...] = ("gloo", "nccl")
+    world_sizes: tuple[int, ...] = (2,)
+    params_per_call: tuple[int, ...] = (10_000, 100_000, 1_000_000, 10_000_000, RESNET50_PARAMS)
+    total_params: int = RESNET50_PARAMS
+    compute_model: str = "resnet50"
+    profile: str = "auto"
+    iters: int = 5
+    warmup: int = 1
+
+
+def points(cfg: Config) -> list:
+    out = []
+    for n in cfg.world_sizes:
+        backends, _ = common.split_backends(cfg.backends, n)
+        out += [AllreduceConfig(backend=b, world_size=n, profile=cfg.profile, total_params=cfg.total_params,
+                                params_per_call=min(k, cfg.total_params), iters=cfg.iters, warmup=cfg.warmup)
+                for b in backends for k in cfg.params_per_call]
+    # backward compute of the model alone: one rank, no DDP; on the GPU when there is one
+    out.append(TrainConfig(model=cfg.compute_model, impl="local", world_size=1, profile=cfg.profile,
+                           iters=cfg.iters, warmup=cfg.warmup))
+    return out
+
+
+def _split(df, cfg: Config):
+    ok = common.ok_rows(df, synced_only=False)
+    comm = ok[(ok["point_type"] == "AllreduceConfig") & (ok["total_params"] == cfg.total_params)]
+    compute = ok[(ok["point_type"] == "TrainConfig") & (ok["model"] == cfg.compute_model)]
+    return comm, compute
+
+
+def plot(df, cfg: Config):
+    comm, compute = _split(df, cfg)
+    _, unavailable = common.split_backends(cfg.backends, max(cfg.world_sizes))
+    fig, axes = common.grid([""], list(cfg.backends))
+    for c, backend in enumerate(cfg.backends):
+        ax = axes[0][c]
+        sel = comm[comm["backend"] == backend]
+        if sel.empty:
+            common.mark_unavailable(ax, unavailable.get(backend, f"no results for {backend}"))
+            continue
+        common.median_lines(ax, sel, "params_per_call", "total_ms", "world_size", label=lambda n: f"{n} ranks")
+        device = "GPU" if backend == "nccl" else "CPU"
+        bwd = compute[compute["device_name"].ne("cpu") == (backend == "nccl")]["backward_compute_ms"]
+        if not bwd.empty:
+            ax.axhline(bwd.median(), ls="--", color="k",
+                       label=f"{cfg.compute_model} backward on {device} ({bwd.median():.0f} ms)")
+        ax.set_xscale("log")
+        ax.set_yscale("log")
+        ax.set_title(f"{backend}: allreduce {cfg.total_params / 1e6:.1f}M float32 parameters", fontsize=10)
+        ax.set_xlabel("parameters per allreduce call (k)")
+        ax.set_ylabel("total time (ms)")
+        ax.legend(fontsize=8)
+    common.title(fig, "Figure 2: communication granularity vs backward computation", PAPER["claim"])
+    common.caption(fig, common.describe_setup(comm))
+    fig.tight_layout(rect=(0, 0.04, 1, 0.9))
+    return fig
+
+
+def summarize(df, cfg: Config) -> str:
+    comm, compute = _split(df, cfg)
+    lines = []
+    for (backend, n), sel in comm.groupby(["backend", "world_size"]):
+        med = sel.groupby("params_per_call")["total_ms"].median()
+        bus = sel.groupby("params_per_call")["busbw_gbps"].median()
+        lines.append(f"{backend}, {n} ranks: {med.iloc[0]:.0f} ms in calls of {med.index[0]:,} params vs "
+                     f"{med.iloc[-1]:.0f} ms in calls of {med.index[-1]:,} ({med.iloc[0] / med.iloc[-1]:.1f}x); "
+                     f"busbw {bus.iloc[0]:.2f} -> {bus.iloc[-1]:.2f} GB/s")
+    if not compute.empty:
+        lines.append(f"{cfg.compute_model} backward compute (1 rank): "
+                     f"{compute['backward_compute_ms'].median():.0f} ms")
+    return "\n".join(lines) or "no results"

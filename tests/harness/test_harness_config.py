@@ -1,0 +1,104 @@
+"""Validation before launch, stable point ids, profile resolution and the dataclass command-line helper."""
+import dataclasses
+
+import pytest
+
+import harness.config as config
+import harness.sweep as sweep
+from harness.config import AllreduceConfig, TrainConfig, parse_dataclass, point_id, validate
+
+
+@pytest.fixture
+def no_launch(monkeypatch):
+    def refuse(*args, **kwargs):
+        raise AssertionError("launch must not be reached")
+
+    monkeypatch.setattr(sweep, "launch", refuse)
+
+
+@pytest.mark.parametrize("cfg, message", [
+    (TrainConfig(model="vgg"), "model 'vgg'"),
+    (TrainConfig(profile="tpu"), "profile 'tpu'"),
+    (TrainConfig(impl="horovod"), "impl 'horovod'"),
+    (TrainConfig(iters=0), "iters must be positive, got 0"),
+    (TrainConfig(warmup=-1), "warmup must be non-negative, got -1"),
+    (TrainConfig(bucket_cap_mb=-1.0), "bucket_cap_mb must be >= 0, got -1.0"),
+    (TrainConfig(sync_every=0), "sync_every must be positive, got 0"),
+    (TrainConfig(world_size=0), "world_size must be positive, got 0"),
+    (TrainConfig(impl="torch", overlap=False), "overlap=False"),
+    (TrainConfig(impl="torch", round_robin_groups=3), "round_robin_groups=3"),
+    (TrainConfig(comm_hook="powersgd"), "comm_hook 'powersgd'"),
+    (TrainConfig(fault="explode"), "fault 'explode'"),
+    (AllreduceConfig(iters=-2), "iters must be positive, got -2"),
+    (AllreduceConfig(params_per_call=0), "params_per_call must be positive, got 0"),
+    (AllreduceConfig(total_params=10, params_per_call=100), "params_per_call=100 exceeds total_params=10"),
+])
+def test_bad_values_raise_before_anything_is_launched(no_launch, tmp_path, cfg, message):
+    good = TrainConfig(world_size=1)
+    with pytest.raises(ValueError, match=message.replace("(", r"\(").replace(")", r"\)")):
+        sweep.run_sweep("bad", [good, cfg], root=tmp_path)
+    assert not (tmp_path / "bad").exists()
+
+
+def test_nccl_without_cuda_is_refused(no_launch, monkeypatch, tmp_path):
+    monkeypatch.setattr(config, "cuda_available", lambda: False)
+    with pytest.raises(ValueError, match="backend='nccl' needs CUDA"):
+        sweep.run_sweep("bad", [TrainConfig(backend="nccl")], root=tmp_path)
+
+
+def test_more_nccl_ranks_than_gpus_is_refused(no_launch, monkeypatch, tmp_path):
+    import torch
+
+    monkeypatch.setattr(config, "cuda_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 2)
+    with pytest.raises(ValueError, match="world_size=3 .* only 2 GPU"):
+        sweep.run_sweep("bad", [AllreduceConfig(backend="nccl", world_size=3, total_params=10,
+                                                params_per_call=5)], root=tmp_path)
+
+
+def test_auto_profile_and_backend_follow_the_hardware(monkeypatch):
+    monkeypatch.setattr(config, "cuda_available", lambda: False)
+    cpu = validate(TrainConfig())
+    assert (cpu.profile, cpu.backend) == ("cpu", "gloo")
+    assert validate(AllreduceConfig()).total_params == config.DEFAULT_TOTAL_PARAMS["cpu"]
+    assert point_id(TrainConfig()) == point_id(TrainConfig(profile="cpu", backend="gloo"))
+    monkeypatch.setattr(config, "cuda_available", lambda: True)
+    gpu = config.resolve(TrainConfig())
+    assert (gpu.profile, gpu.backend) == ("paper", "nccl")
+    assert config.resolve(AllreduceConfig()).total_params == 60_000_000
+
+
+def test_point_id_is_stable_and_sensitive_to_identity_fields(monkeypatch):
+    monkeypatch.setattr(config, "cuda_available", lambda: False)
+    base = TrainConfig(model="resnet50", bucket_cap_mb=25.0)
+    assert point_id(base) == point_id(TrainConfig(model="resnet50", bucket_cap_mb=25.0))
+    assert len(point_id(base)) == 12
+    for change in ({"bucket_cap_mb": 5.0}, {"impl": "torch"}, {"seed": 1}, {"sync_every": 2}):
+        assert point_id(dataclasses.replace(base, **change)) != point_id(base), change
+    assert point_id(dataclasses.replace(base, timeout_s=60.0)) == point_id(base)  # not an identity field
+    assert point_id(AllreduceConfig(world_size=2)) != point_id(TrainConfig(world_size=2))
+
+
+@dataclasses.dataclass
+class _DriverConfig:
+    bucket_caps_mb: list[float] = dataclasses.field(default_factory=lambda: [1.0, 25.0])
+    models: tuple[str, ...] = ("resnet50",)
+    quick: bool = False
+    name: str = "fig7"
+
+
+def test_dataclass_cli_overrides():
+    cfg = parse_dataclass(TrainConfig, ["--model=bert-base", "--overlap=false", "--bucket_cap_mb=5",
+                                        "--world_size", "3"])
+    assert cfg == TrainConfig(model="bert-base", overlap=False, bucket_cap_mb=5.0, world_size=3)
+    assert parse_dataclass(TrainConfig, []) == TrainConfig()
+    drv = parse_dataclass(_DriverConfig, ["--bucket_caps_mb=0,5,100", "--models=small,bert-base", "--quick=1"])
+    assert drv == _DriverConfig(bucket_caps_mb=[0.0, 5.0, 100.0], models=("small", "bert-base"), quick=True)
+
+
+@pytest.mark.parametrize("argv", [["--overlap=maybe"], ["--no_such_key=1"], ["--iters=ten"]])
+def test_dataclass_cli_rejects_bad_input(argv, capsys):
+    with pytest.raises(SystemExit):
+        parse_dataclass(TrainConfig, argv)
+    err = capsys.readouterr().err
+    assert "error:" in err and argv[0].split("=")[0] in err

@@ -1,0 +1,91 @@
+"""The launcher: world sizes 1-3, failing/dead/hung ranks end the launch with an error, in-place mode."""
+import multiprocessing
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import torch
+import torch.distributed as dist
+
+from harness.launch import LaunchError, available_cores, find_free_port, inject_fault, launch
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+def _sum_ranks(ctx, fault=""):
+    inject_fault(fault, ctx.rank)
+    t = torch.tensor([float(ctx.rank + 1)])
+    dist.all_reduce(t)
+    return {"rank": ctx.rank, "sum": t.item(), "threads": torch.get_num_threads(),
+            "ctx_threads": ctx.num_threads, "world": dist.get_world_size(), "backend": dist.get_backend()}
+
+
+@pytest.mark.parametrize("world_size", [1, 2, 3])
+def test_launch_runs_every_rank(world_size):
+    out = launch(_sum_ranks, world_size, "gloo", timeout_s=60)
+    assert [r["rank"] for r in out] == list(range(world_size))
+    expected_threads = max(1, available_cores() // world_size)
+    for r in out:
+        assert r["sum"] == world_size * (world_size + 1) / 2
+        assert r["world"] == world_size and r["backend"] == "gloo"
+        assert r["threads"] == r["ctx_threads"] == expected_threads
+
+
+@pytest.mark.parametrize("fault", ["raise@1", "exit@1"])
+def test_failing_or_dead_rank_fails_the_launch(fault):
+    start = time.monotonic()
+    with pytest.raises(LaunchError, match="rank"):
+        launch(_sum_ranks, 2, "gloo", args=(fault,), timeout_s=60, threads=1)
+    assert time.monotonic() - start < 45  # noticed promptly, not after the 60 s group timeout
+
+
+def test_hung_rank_hits_the_group_timeout():
+    start = time.monotonic()
+    with pytest.raises(LaunchError) as err:
+        launch(_sum_ranks, 2, "gloo", args=("hang@1",), timeout_s=3, threads=1)
+    assert "rank 0" in str(err.value)  # the healthy rank's collective timed out and reported it
+    assert time.monotonic() - start < 40
+
+
+def test_in_place_when_rank_is_set(monkeypatch):
+    monkeypatch.setenv("RANK", "0")
+    monkeypatch.setenv("WORLD_SIZE", "1")
+    monkeypatch.setenv("LOCAL_RANK", "0")
+    monkeypatch.setenv("MASTER_ADDR", "127.0.0.1")
+    monkeypatch.setenv("MASTER_PORT", str(find_free_port()))
+    threads = torch.get_num_threads()
+    try:
+        out = launch(_sum_ranks, 1, "gloo", timeout_s=60, threads=1)
+        assert out == [dict(rank=0, sum=1.0, threads=1, ctx_threads=1, world=1, backend="gloo")]
+        assert dist.is_initialized() and not multiprocessing.active_children()  # ran here, no child
+        with pytest.raises(ValueError, match="WORLD_SIZE=1"):
+            launch(_sum_ranks, 2, "gloo", timeout_s=60)
+    finally:
+        if dist.is_initialized():
+            dist.destroy_process_group()
+        torch.set_num_threads(threads)
+
+
+def test_bad_launch_arguments_raise_before_spawning():
+    with pytest.raises(ValueError, match="world_size"):
+        launch(_sum_ranks, 0)
+    with pytest.raises(ValueError, match="mpi"):
+        launch(_sum_ranks, 1, "mpi")
+
+
+def test_same_code_runs_under_torchrun(tmp_path):
+    torchrun = Path(sys.executable).with_name("torchrun")
+    cmd = [str(torchrun), "--nproc_per_node=2", "--master_port", str(find_free_port()), "-m", "harness", "train",
+           "--model=small", "--impl=torch", "--world_size=2", "--iters=2", "--warmup=1", "--threads_per_rank=1",
+           "--timeout_s=60", f"--root={tmp_path}", "--experiment=torchrun"]
+    env = {**os.environ, "PYTHONPATH": str(REPO), "OMP_NUM_THREADS": "1"}
+    proc = subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True, timeout=150)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    from harness.results import load_results
+
+    df = load_results("torchrun", root=tmp_path)
+    assert sorted(zip(df["rank"], df["iteration"])) == [(0, 0), (0, 1), (1, 0), (1, 1)]
+    assert (df["error"] == "").all() and (df["world_size"] == 2).all()

@@ -1,0 +1,82 @@
+"""Training-iteration rows for every impl, and the allreduce microbenchmark."""
+import json
+import math
+
+import pytest
+
+from harness.config import AllreduceConfig, TrainConfig
+from harness.sweep import run_point
+
+
+def _ours_available():
+    try:
+        from ddp_impl import DistributedDataParallel  # noqa: F401
+    except ImportError:
+        return False
+    return True
+
+
+def _small(**kw):
+    base = dict(model="small", world_size=2, iters=4, warmup=1, threads_per_rank=1, timeout_s=60)
+    return TrainConfig(**{**base, **kw})
+
+
+def _check_common(rows, cfg):
+    assert len(rows) == cfg.world_size * cfg.iters
+    assert sorted({(r["rank"], r["iteration"]) for r in rows}) == [
+        (rank, it) for rank in range(cfg.world_size) for it in range(cfg.iters)]
+    for r in rows:
+        assert r["total_ms"] == pytest.approx(r["forward_ms"] + r["backward_ms"] + r["optimizer_ms"])
+        assert min(r["forward_ms"], r["backward_ms"], r["backward_compute_ms"]) > 0
+        assert math.isfinite(r["loss"]) and r["num_threads"] == 1 and r["impl"] == cfg.impl
+        assert r["image_size"] == 16 and r["batch_size_used"] == 8  # cpu profile of the small model
+
+
+def test_torch_ddp_rows_use_torch_logger_and_no_sync():
+    cfg = _small(impl="torch", sync_every=2)
+    rows = run_point(cfg)
+    _check_common(rows, cfg)
+    # warmup is iteration -1 (synced=False); measured iterations 0 and 2 are the 2nd and 4th: synced
+    assert [r["synced"] for r in rows if r["rank"] == 0] == [True, False, True, False]
+    for r in rows:
+        if r["synced"]:
+            assert r["breakdown_source"] == "torch_logger"
+            assert r["ddp_backward_comm_ms"] > 0
+            assert r["backward_comm_exposed_ms"] == pytest.approx(r["ddp_backward_comm_ms"] - r["ddp_overlap_ms"])
+            assert r["backward_compute_ms"] <= r["backward_ms"] + 1.0  # logger interval lies within backward
+        else:
+            assert r["breakdown_source"] == "host" and r["backward_comm_exposed_ms"] == 0.0
+            assert r["optimizer_ms"] < 50 and math.isnan(r["ddp_backward_comm_ms"])
+
+
+def test_local_rows_have_no_communication():
+    cfg = _small(impl="local", world_size=1)
+    rows = run_point(cfg)
+    _check_common(rows, cfg)
+    assert all(r["backward_comm_exposed_ms"] == 0.0 and r["breakdown_source"] == "host" for r in rows)
+    assert all(r["backward_compute_ms"] == r["backward_ms"] and r["synced"] for r in rows)
+
+
+@pytest.mark.skipif(not _ours_available(), reason="ddp_impl.DistributedDataParallel not written yet")
+@pytest.mark.parametrize("extra", [dict(), dict(overlap=False, round_robin_groups=2, bucket_cap_mb=0.01)])
+def test_our_ddp_rows_carry_bucket_timestamps(extra):
+    cfg = _small(impl="ours", **extra)
+    rows = run_point(cfg)
+    _check_common(rows, cfg)
+    for r in rows:
+        assert r["breakdown_source"] == "ours" and r["backward_comm_exposed_ms"] >= 0
+        buckets = json.loads(r["bucket_times_json"])
+        assert len(buckets["launch_ms"]) == len(buckets["finish_ms"]) >= 1
+        assert all(f >= s for s, f in zip(buckets["launch_ms"], buckets["finish_ms"]))
+
+
+def test_allreduce_microbenchmark_rows():
+    cfg = AllreduceConfig(world_size=3, total_params=300_000, params_per_call=70_000, iters=3, warmup=1,
+                          threads_per_rank=1, timeout_s=60)
+    rows = run_point(cfg)
+    assert len(rows) == 9 and {r["rank"] for r in rows} == {0, 1, 2}
+    for r in rows:
+        assert r["num_calls"] == 5 and r["total_bytes"] == 1_200_000  # 4 calls of 70k + one of 20k
+        assert r["algbw_gbps"] == pytest.approx(r["total_bytes"] / (r["total_ms"] / 1e3) / 1e9)
+        assert r["busbw_gbps"] == pytest.approx(r["algbw_gbps"] * 4 / 3)
+        assert r["call_ms"] == pytest.approx(r["total_ms"] / 5)

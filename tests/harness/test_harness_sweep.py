@@ -1,0 +1,92 @@
+"""Resumable sweeps: a killed sweep resumes without loss or duplicates; a failing point is isolated."""
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+from pathlib import Path
+
+import pandas as pd
+import pytest
+
+import harness.sweep as sweep
+from harness.config import TrainConfig, point_id
+from harness.results import stored_point_ids
+
+REPO = Path(__file__).resolve().parents[2]
+
+POINTS_SRC = """
+from harness.config import TrainConfig
+POINTS = [TrainConfig(model="small", impl="local", world_size=1, iters=2, warmup=1, seed=s,
+                      threads_per_rank=1, timeout_s=60) for s in range(4)]
+"""
+
+
+def _points():
+    scope = {}
+    exec(POINTS_SRC, scope)
+    return scope["POINTS"]
+
+
+def test_killed_sweep_resumes_without_loss_or_duplicates(tmp_path):
+    script = tmp_path / "sweep_job.py"
+    script.write_text(POINTS_SRC + textwrap.dedent(f"""
+        from harness.sweep import run_sweep
+        if __name__ == "__main__":
+            run_sweep("resume", POINTS, root={str(tmp_path)!r}, progress=False)
+    """))
+    points_dir = tmp_path / "resume" / "points"
+    env = {**os.environ, "PYTHONPATH": str(REPO), "OMP_NUM_THREADS": "1"}
+    job = subprocess.Popen([sys.executable, str(script)], cwd=REPO, env=env, start_new_session=True,
+                           stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    try:
+        deadline = time.monotonic() + 120
+        while not stored_point_ids("resume", root=tmp_path):
+            assert job.poll() is None, job.stderr.read().decode()[-2000:]
+            assert time.monotonic() < deadline, "first point never stored"
+            time.sleep(0.05)
+    finally:
+        os.killpg(job.pid, signal.SIGKILL)  # the sweep and the ranks it spawned
+        job.wait()
+    before = {p.name: p.stat().st_mtime_ns for p in points_dir.glob("*.csv")}
+    assert 1 <= len(before) < 4, "the kill must land mid-sweep"
+
+    df = sweep.run_sweep("resume", _points(), root=tmp_path, progress=False)
+
+    ids = {point_id(p) for p in _points()}
+    assert set(df["point_id"]) == ids == stored_point_ids("resume", root=tmp_path)
+    assert not df.duplicated(["point_id", "rank", "iteration"]).any()
+    assert len(df) == 4 * 2 and (df["error"] == "").all()
+    after = {p.name: p.stat().st_mtime_ns for p in points_dir.glob("*.csv")}
+    assert {name: after[name] for name in before} == before  # stored points were skipped, not rerun
+    assert not [p for p in points_dir.iterdir() if p.name.startswith(".tmp-")]
+
+
+def test_failing_point_is_stored_and_the_sweep_goes_on(tmp_path, capsys):
+    bad = TrainConfig(model="small", impl="torch", world_size=2, iters=2, warmup=0, threads_per_rank=1,
+                      timeout_s=60, fault="raise@1")
+    good = TrainConfig(model="small", impl="local", world_size=1, iters=2, warmup=0, threads_per_rank=1,
+                       timeout_s=60)
+    df = sweep.run_sweep("isolation", [bad, good], root=tmp_path)
+    err = capsys.readouterr().err
+    assert "2/2" in err and "failed" in err  # progress bar reached the end; failure reported
+    failed = df[df["point_id"] == point_id(bad)]
+    assert len(failed) == 1 and "injected fault on rank 1" in failed["error"].iloc[0]
+    assert failed["fault"].iloc[0] == "raise@1" and failed["rank"].isna().all()
+    ok = df[df["point_id"] == point_id(good)]
+    assert len(ok) == 2 and (ok["error"] == "").all() and ok["total_ms"].notna().all()
+
+
+def test_dry_run_lists_points_and_launches_nothing(tmp_path, monkeypatch, capsys):
+    points = _points()
+    from harness.results import write_point
+    from harness.config import config_columns, validate
+
+    write_point("dry", point_id(points[0]), [{**config_columns(validate(points[0])), "rank": 0}], root=tmp_path)
+    monkeypatch.setattr(sweep, "launch", lambda *a, **k: pytest.fail("dry run launched a point"))
+    plan = sweep.run_sweep("dry", points + [points[1]], root=tmp_path, dry_run=True)
+    assert list(plan["point_id"]) == [point_id(p) for p in points]  # duplicate listed once
+    assert list(plan["status"]) == ["stored", "pending", "pending", "pending"]
+    assert point_id(points[2]) in capsys.readouterr().out
+    assert isinstance(plan, pd.DataFrame) and (plan["seed"] == [0, 1, 2, 3]).all()
