@@ -2,14 +2,14 @@
 import pytest
 
 from tests.ddp_impl import workers
-from tests.spawn import run_ranks
+from harness.launch import launch
 
 TOL = 1e-6
 
 
 @pytest.fixture(scope="module", params=[2, 3], ids=lambda n: f"world{n}")
 def matrix(request):
-    return run_ranks(workers.equivalence_matrix, request.param)
+    return launch(workers.equivalence_matrix, request.param, "gloo", timeout_s=60, deadline_s=300)
 
 
 def test_matrix_covers_every_configuration(matrix):
@@ -25,12 +25,12 @@ def test_equal_to_torch_ddp(matrix):
 
 
 def test_equal_to_single_process_on_global_batch():
-    for err in run_ranks(workers.global_batch, 2):
+    for err in launch(workers.global_batch, 2, "gloo", timeout_s=60, deadline_s=300):
         assert err < 1e-5
 
 
 def test_compression_hooks_match_torch_and_actually_compress():
-    for per_rank in run_ranks(workers.compression, 2):
+    for per_rank in launch(workers.compression, 2, "gloo", timeout_s=60, deadline_s=300):
         for name, (vs_torch_hook, vs_fp32) in per_rank.items():
             assert vs_torch_hook < 5e-3, name
             assert 0 < vs_fp32 < 5e-2, name
@@ -38,7 +38,7 @@ def test_compression_hooks_match_torch_and_actually_compress():
 
 @pytest.mark.parametrize("rebuild", [True, False])
 def test_buckets_rebuilt_in_observed_gradient_order(rebuild):
-    ranks = run_ranks(workers.bucket_order, 2, rebuild)
+    ranks = launch(workers.bucket_order, 2, "gloo", args=(rebuild,), timeout_s=60, deadline_s=300)
     before, after = ranks[0]
     assert before[0] == ["early.bias"]  # reverse registration order predicts `early` first
     if rebuild:
@@ -50,7 +50,7 @@ def test_buckets_rebuilt_in_observed_gradient_order(rebuild):
 
 
 def test_timing_fields_are_consistent():
-    for per_rank in run_ranks(workers.timings, 2):
+    for per_rank in launch(workers.timings, 2, "gloo", timeout_s=60, deadline_s=300):
         on, off = per_rank[True], per_rank[False]
         for t in (on, off):
             assert t["forward_compute_time_ms"] > 0 and t["backward_compute_time_ms"] > 0

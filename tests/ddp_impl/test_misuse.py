@@ -4,7 +4,7 @@ import torch
 
 from ddp_impl import DistributedDataParallel
 from tests.ddp_impl import workers
-from tests.spawn import run_ranks
+from harness.launch import LaunchError, launch
 
 
 def test_no_process_group():
@@ -30,14 +30,14 @@ def test_nccl_with_cpu_tensors():
 
 
 def test_parameter_without_gradient_is_named_at_next_forward():
-    errors = run_ranks(workers.missing_gradient, 2, timeout=60, expect_errors=True)
-    for tb in errors:
-        assert tb is not None and "RuntimeError" in tb
-        assert "never.weight, never.bias" in tb and "find_unused_parameters=True" in tb
+    with pytest.raises(LaunchError) as err:
+        launch(workers.missing_gradient, 2, "gloo", timeout_s=30, deadline_s=90)
+    assert "RuntimeError" in str(err.value)
+    assert "never.weight, never.bias" in str(err.value) and "find_unused_parameters=True" in str(err.value)
 
 
 def test_different_models_on_different_ranks():
-    errors = run_ranks(workers.mismatched_models, 2, timeout=60, expect_errors=True)
-    for tb in errors:
-        assert "parameter mismatch at position 0: rank 0 has weight (4, 4)" in tb
-        assert "rank 1 has weight (5, 4)" in tb
+    with pytest.raises(LaunchError) as err:
+        launch(workers.mismatched_models, 2, "gloo", timeout_s=30, deadline_s=90)
+    assert ("parameter mismatch at position 0: rank 0 has weight (4, 4) torch.float32, rank 1 has weight (5, 4)"
+            in str(err.value))

@@ -1,4 +1,4 @@
-"""Per-rank bodies of the ddp_impl tests (spawned processes import this module, so it stays light)."""
+"""Per-rank bodies of the ddp_impl tests, run by ``harness.launch`` (spawned ranks import this module)."""
 from __future__ import annotations
 
 from contextlib import nullcontext
@@ -131,8 +131,9 @@ def compare(rank, ours_kwargs, torch_kwargs, model_name, accum=1, torch_hook=Non
     return max(max(max_rel_error(a, b) for a, b in zip(g1, g2)), max_rel_error(s1, s2))
 
 
-def equivalence_matrix(rank, world_size):
+def equivalence_matrix(ctx):
     """Max relative error vs torch's DDP for every configuration the issue lists, computed in one spawn."""
+    rank = ctx.rank
     errors = {}
     for cap in CAPS_MB:
         for overlap in (True, False):
@@ -155,8 +156,9 @@ def equivalence_matrix(rank, world_size):
     return errors
 
 
-def compression(rank, world_size):
+def compression(ctx):
     """fp16/bf16 hooks against torch's own compression hooks (close) and against fp32 (not equal)."""
+    rank = ctx.rank
     out = {}
     for name, torch_hook in (("fp16", default_hooks.fp16_compress_hook), ("bf16", default_hooks.bf16_compress_hook)):
         out[name] = (compare(rank, dict(comm_hook=name), {}, "mlp", torch_hook=torch_hook, dtype=torch.float32),
@@ -164,8 +166,9 @@ def compression(rank, world_size):
     return out
 
 
-def global_batch(rank, world_size):
+def global_batch(ctx):
     """DDP over chunks of a global batch equals one process training on the whole batch."""
+    rank, world_size = ctx.rank, ctx.world_size
     torch.manual_seed(7)
     data = [(torch.randn(4 * world_size, 6), torch.randn(4 * world_size, 3)) for _ in range(STEPS)]
     ddp = OurDDP(_seeded(mlp, 0), bucket_cap_mb=0.001)
@@ -183,7 +186,7 @@ def global_batch(rank, world_size):
     return max_rel_error(*results)
 
 
-def bucket_order(rank, world_size, rebuild):
+def bucket_order(ctx, rebuild):
     model = OurDDP(_seeded(Reordered, 0), bucket_cap_mb=0, rebuild_buckets=rebuild)
     before = [b["names"] for b in model.bucket_info()]
     for _ in range(2):
@@ -191,7 +194,7 @@ def bucket_order(rank, world_size, rebuild):
     return before, [b["names"] for b in model.bucket_info()]
 
 
-def timings(rank, world_size):
+def timings(ctx):
     out = {}
     for overlap in (True, False):
         model = OurDDP(_seeded(ConvNet, 0), bucket_cap_mb=0, overlap=overlap)
@@ -202,19 +205,19 @@ def timings(rank, world_size):
 
 
 # ---- misuse -------------------------------------------------------------------------------------------
-def missing_gradient(rank, world_size):
+def missing_gradient(ctx):
     model = OurDDP(_seeded(Branchy, 0), find_unused_parameters=False)
     model(torch.randn(2, 6), use_branch=True).sum().backward()
     model(torch.randn(2, 6), use_branch=True)  # raises: `never` got no gradient
 
 
-def mismatched_models(rank, world_size):
-    OurDDP(nn.Linear(4, 4) if rank == 0 else nn.Linear(4, 5))
+def mismatched_models(ctx):
+    OurDDP(nn.Linear(4, 4) if ctx.rank == 0 else nn.Linear(4, 5))
 
 
-def nccl_matrix(rank, world_size):
+def nccl_matrix(ctx):
     """Same comparison as equivalence_matrix, on one CUDA device per rank over NCCL (run by test_nccl)."""
-    torch.cuda.set_device(rank)
+    rank = ctx.rank
     errors = {}
     for cap in (0, 25):
         model = _seeded(ConvNet, 0).cuda()
