@@ -4,6 +4,7 @@
     python -m experiments fig7 [--key=value ...]    sweep (stored points are skipped), then plot
     python -m experiments fig7 --dry-run            list the points and whether each is stored
     python -m experiments plots [fig7 ...]          redraw figures from the stored CSVs, no runs
+    python -m experiments report [fig7 ...]         markdown: per figure, the paper's claim beside what was measured
 
 Under torchrun every rank runs the sweep in place and rank 0 stores and plots (see harness/README.md).
 """
@@ -71,6 +72,17 @@ def draw(driver, cfg=None, root=None) -> Path | None:
     return path
 
 
+def report(driver, root=None) -> str:
+    """One markdown section: the paper's claim and setup, then the measured summary and where it ran."""
+    df = load_results(driver.FIGURE, root)
+    cfg = stored_config(driver, root)
+    title = (driver.__doc__ or driver.FIGURE).strip().splitlines()[0]
+    measured = driver.summarize(df, cfg) if not df.empty and hasattr(driver, "summarize") else "not run yet"
+    return (f"## {title}\n\n- Paper ({driver.PAPER['setup']}): {driver.PAPER['claim']}.\n"
+            f"- Here ({common.describe_setup(df) if not df.empty else 'no results'}):\n\n"
+            + "\n".join(f"      {line}" for line in measured.splitlines()) + "\n")
+
+
 def run_figure(driver, argv: list[str]) -> int:
     parser = argparse.ArgumentParser(prog=f"python -m experiments {driver.FIGURE}",
                                      description=(driver.__doc__ or "").split("\n\n")[0])
@@ -101,6 +113,10 @@ def main(argv: list[str] | None = None) -> int:
             print(f"  {name:6s} {(module.__doc__ or '').strip().splitlines()[0]}")
         return 0
     command, rest = argv[0], argv[1:]
+    if command == "report":
+        for name in rest or found:
+            print(report(found[name]))
+        return 0
     if command == "plots":
         for name in rest or found:
             if name not in found:
