@@ -1,8 +1,9 @@
 """Communication hooks: how one flat bucket is reduced across ranks.
 
-A hook is ``hook(group, bucket) -> torch.futures.Future`` whose value is the reduced bucket. ``bucket`` already
-holds gradients divided by the world size, so a plain sum gives the average. The reducer writes the future's
-value back into the bucket when it differs from it, so compressing hooks may return a new tensor.
+A hook is ``hook(group, bucket) -> torch.futures.Future`` whose value is the reduced bucket (or a one-element
+list holding it, as a collective's own ``Work.get_future()`` gives). ``bucket`` already holds gradients divided
+by the world size, so a plain sum gives the average. The reducer writes the future's value back into the bucket
+when it differs from it, so compressing hooks may return a new tensor.
 This mirrors torch's ``register_comm_hook`` idea (the paper's "future work: gradient compression").
 """
 from __future__ import annotations
@@ -17,9 +18,9 @@ def _checked(fut: torch.futures.Future, result: torch.Tensor) -> torch.Tensor:
 
 
 def allreduce_hook(group, bucket: torch.Tensor) -> torch.futures.Future:
-    """Plain sum allreduce (the default)."""
-    fut = dist.all_reduce(bucket, group=group, async_op=True).get_future()
-    return fut.then(lambda f: _checked(f, bucket))
+    """Plain sum allreduce (the default), in place. Returns the collective's own future (value ``[bucket]``; a
+    failed collective raises on ``wait``): no Python callback has to take the GIL on the communication thread."""
+    return dist.all_reduce(bucket, group=group, async_op=True).get_future()
 
 
 def _compress_hook(dtype: torch.dtype):

@@ -30,13 +30,15 @@ class DistributedDataParallel(nn.Module):
     ``bucket_cap_mb`` and ``first_bucket_cap_mb`` are MiB like torch's; 0 gives one bucket per parameter.
     ``overlap=False`` is the paper's non-overlapping baseline (same buckets, all reduced after backward).
     ``comm_hook`` is a callable ``(group, flat_bucket) -> Future`` or one of ``"allreduce"``, ``"fp16"``,
-    ``"bf16"``. ``process_group`` may be a :class:`RoundRobinProcessGroup`.
+    ``"bf16"``. ``process_group`` may be a :class:`RoundRobinProcessGroup`. ``timing=False`` turns the
+    per-iteration instrumentation off (``last_timing`` is then ``None``); the attribute may be flipped
+    between iterations.
     """
 
     def __init__(self, module: nn.Module, process_group=None, bucket_cap_mb: float = 25,
                  first_bucket_cap_mb: float = 1, find_unused_parameters: bool = False,
                  broadcast_buffers: bool = True, overlap: bool = True, gradient_as_bucket_view: bool = False,
-                 rebuild_buckets: bool = True, comm_hook: Callable | str | None = None):
+                 rebuild_buckets: bool = True, comm_hook: Callable | str | None = None, timing: bool = True):
         super().__init__()
         cap, first_cap = mb_to_bytes(bucket_cap_mb), mb_to_bytes(first_bucket_cap_mb)
         if isinstance(comm_hook, str):
@@ -55,6 +57,7 @@ class DistributedDataParallel(nn.Module):
         self.find_unused_parameters = find_unused_parameters
         self.require_backward_grad_sync = True
         self._sync_buffers_now = True
+        self.timing = timing
 
         named = [(n, p) for n, p in module.named_parameters() if p.requires_grad]
         if not named:
@@ -126,17 +129,20 @@ class DistributedDataParallel(nn.Module):
                 "iterations, construct DistributedDataParallel with find_unused_parameters=True; otherwise make "
                 "sure every output that depends on them takes part in the loss.")
         sync = torch.is_grad_enabled() and self.require_backward_grad_sync
-        timing = IterationTiming(self._clock, len(reducer.buckets)) if sync else None
+        timing = IterationTiming(self._clock, len(reducer.buckets)) if sync and self.timing else None
         if self._sync_buffers_now and self.broadcast_buffers and self._buffers_list and self.world_size > 1:
             _broadcast_coalesced(self._buffers_list, self._primary)
         # Like torch's DDP: buffers are broadcast before a forward iff the previous forward was synchronized.
         self._sync_buffers_now = sync
         output = self.module(*args, **kwargs)
         if sync:
-            timing.forward_end = self._clock.stamp()
-            tensors = [t for t in _tensors_in(output) if t.requires_grad]
-            for t in tensors:
-                t.register_hook(lambda grad: _stamp_backward_start(timing))
+            if timing is not None:
+                timing.forward_end = self._clock.stamp()
+            tensors = [t for t in _tensors_in(output) if t.requires_grad] \
+                if timing is not None or self.find_unused_parameters else []
+            if timing is not None:
+                for t in tensors:
+                    t.register_hook(lambda grad: _stamp_backward_start(timing))
             unused = self._unused_parameters(tensors) if self.find_unused_parameters else []
             reducer.prepare_for_backward(timing, unused)
         return output
@@ -176,12 +182,18 @@ def _tensors_in(obj) -> Iterator[torch.Tensor]:
 
 @torch.no_grad()
 def _broadcast_coalesced(tensors: list[torch.Tensor], group) -> None:
-    """Broadcast rank 0's tensors with one collective per (device, dtype) instead of one per tensor."""
+    """Broadcast rank 0's tensors with one collective per (device, dtype) instead of one per tensor.
+
+    All collectives are in flight at once (one round trip, not one per kind); the source keeps its tensors.
+    """
     src = dist.get_global_rank(group, 0)
     kinds: dict[tuple, list[torch.Tensor]] = {}
     for t in tensors:
         kinds.setdefault((t.device, t.dtype), []).append(t)
-    for same in kinds.values():
-        flat = torch.cat([t.reshape(-1) for t in same])
-        dist.broadcast(flat, src=src, group=group)
-        torch._foreach_copy_(same, [v.view_as(t) for v, t in zip(flat.split([t.numel() for t in same]), same)])
+    flats = [torch.cat([t.reshape(-1) for t in same]) for same in kinds.values()]
+    works = [dist.broadcast(flat, src=src, group=group, async_op=True) for flat in flats]
+    is_source = dist.get_rank() == src
+    for same, flat, work in zip(kinds.values(), flats, works):
+        work.wait()
+        if not is_source:
+            torch._foreach_copy_(same, [v.view_as(t) for v, t in zip(flat.split([t.numel() for t in same]), same)])

@@ -194,6 +194,8 @@ class Reducer:
         if self.missing:
             return  # the launched buckets finished on every rank; the next forward reports the missing ones
         for flat, value in zip(self.flats, values):
+            if isinstance(value, list):  # a collective's own future: [reduced tensor]
+                value = value[0]
             if value is not flat:
                 flat.copy_(value)
         if timing is not None:

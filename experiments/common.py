@@ -84,9 +84,11 @@ def describe_setup(df: pd.DataFrame) -> str:
         return "no successful points"
     parts = []
     for col, label in (("device_name", "device"), ("world_size", "ranks"), ("profile", "profile"),
-                       ("net", "network"), ("num_threads", "threads/rank"), ("hostname", "host")):
+                       ("net", "network"), ("net_rate_mbit", "emulated Mbit/s per rank"),
+                       ("num_threads", "threads/rank"), ("hostname", "host")):
         if col in ok.columns and ok[col].notna().any():
-            values = sorted({str(v) for v in ok[col].dropna().unique()})
+            values = sorted({f"{v:.0f}" if isinstance(v, float) and v >= 10 else str(v)
+                             for v in ok[col].dropna().unique()})
             parts.append(f"{label}: {', '.join(values)}")
     return "; ".join(parts)
 

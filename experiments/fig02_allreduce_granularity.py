@@ -36,6 +36,7 @@ class Config:
     profile: str = "auto"
     iters: int = 5
     warmup: int = 1
+    net: str = "auto"  # allreduce points: emulated link per rank on CPU-only machines; loopback = none
 
 
 def points(cfg: Config) -> list:
@@ -43,7 +44,8 @@ def points(cfg: Config) -> list:
     for n in cfg.world_sizes:
         backends, _ = common.split_backends(cfg.backends, n)
         out += [AllreduceConfig(backend=b, world_size=n, profile=cfg.profile, total_params=cfg.total_params,
-                                params_per_call=min(k, cfg.total_params), iters=cfg.iters, warmup=cfg.warmup)
+                                params_per_call=min(k, cfg.total_params), iters=cfg.iters, warmup=cfg.warmup,
+                                net=cfg.net)
                 for b in backends for k in cfg.params_per_call]
     # backward compute of the model alone: one rank, no DDP; on the GPU when there is one
     out.append(TrainConfig(model=cfg.compute_model, impl="local", world_size=1, profile=cfg.profile,

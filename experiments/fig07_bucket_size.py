@@ -37,12 +37,13 @@ class Config:
     profile: str = "auto"
     iters: int = 10
     warmup: int = 2
+    net: str = "auto"  # emulated link per rank on CPU-only machines (harness/README.md); loopback = none
 
 
 def points(cfg: Config) -> list[TrainConfig]:
     backends, _ = common.split_backends(cfg.backends, cfg.world_size)
     return [TrainConfig(model=m, impl=cfg.impl, profile=cfg.profile, backend=b, world_size=cfg.world_size,
-                        bucket_cap_mb=cap, iters=cfg.iters, warmup=cfg.warmup)
+                        bucket_cap_mb=cap, iters=cfg.iters, warmup=cfg.warmup, net=cfg.net)
             for m in cfg.models for b in backends for cap in cfg.bucket_caps_mb]
 
 

@@ -34,6 +34,7 @@ class Config:
     profile: str = "auto"
     iters: int = 10
     warmup: int = 2
+    net: str = "auto"  # emulated link per rank on CPU-only machines (harness/README.md); loopback = none
 
 
 def points(cfg: Config) -> list[TrainConfig]:
@@ -41,7 +42,7 @@ def points(cfg: Config) -> list[TrainConfig]:
     for n in cfg.world_sizes:
         backends, _ = common.split_backends(cfg.backends, n)
         out += [TrainConfig(model=m, impl=cfg.impl, profile=cfg.profile, backend=b, world_size=n,
-                            bucket_cap_mb=cfg.bucket_cap_mb, iters=cfg.iters, warmup=cfg.warmup)
+                            bucket_cap_mb=cfg.bucket_cap_mb, iters=cfg.iters, warmup=cfg.warmup, net=cfg.net)
                 for m in cfg.models for b in backends]
     return out
 

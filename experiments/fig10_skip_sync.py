@@ -34,6 +34,7 @@ class Config:
     profile: str = "auto"
     iters: int = 8
     warmup: int = 2
+    net: str = "auto"  # emulated link per rank on CPU-only machines (harness/README.md); loopback = none
 
 
 def points(cfg: Config) -> list[TrainConfig]:
@@ -41,7 +42,8 @@ def points(cfg: Config) -> list[TrainConfig]:
     for ws in cfg.world_sizes:
         backends, _ = common.split_backends(cfg.backends, ws)
         out += [TrainConfig(model=m, impl=cfg.impl, profile=cfg.profile, backend=b, world_size=ws,
-                            bucket_cap_mb=cfg.bucket_cap_mb, sync_every=n, iters=cfg.iters, warmup=cfg.warmup)
+                            bucket_cap_mb=cfg.bucket_cap_mb, sync_every=n, iters=cfg.iters, warmup=cfg.warmup,
+                            net=cfg.net)
                 for m in cfg.models for b in backends for n in cfg.sync_every]
     return out
 

@@ -33,13 +33,14 @@ class Config:
     profile: str = "auto"
     iters: int = 10
     warmup: int = 2
+    net: str = "auto"  # emulated link per rank on CPU-only machines (harness/README.md); loopback = none
 
 
 def points(cfg: Config) -> list[TrainConfig]:
     backends, _ = common.split_backends(cfg.backends, cfg.world_size)
     return [TrainConfig(model=m, impl="ours", profile=cfg.profile, backend=b, world_size=cfg.world_size,
                         bucket_cap_mb=cfg.bucket_cap_mb, round_robin_groups=k, iters=cfg.iters,
-                        warmup=cfg.warmup)
+                        warmup=cfg.warmup, net=cfg.net)
             for m in cfg.models for b in backends for k in cfg.groups]
 
 

@@ -2,6 +2,7 @@
 
 Public API (what experiment drivers use):
     TrainConfig, AllreduceConfig          point configs (harness.config)
+    ConvergenceConfig                     real-data convergence point (harness.convergence, harness.data)
     validate(cfg), point_id(cfg)          checks before launch; stable id of a point
     parse_dataclass(cls, argv), add_dataclass_arguments(parser, cls)   --key=value overrides
     run_sweep(experiment, points, ...)    resumable sweep with progress bar and dry run
@@ -10,14 +11,14 @@ Public API (what experiment drivers use):
     launch(fn, world_size, backend, ...)  the one way ranks are started (spawn or torchrun in place)
 See harness/README.md for launching on a cluster.
 """
-from harness.config import (AllreduceConfig, TrainConfig, add_dataclass_arguments, dataclass_from_namespace,
-                            parse_dataclass, point_id, validate)
+from harness.config import (AllreduceConfig, ConvergenceConfig, TrainConfig, add_dataclass_arguments,
+                            dataclass_from_namespace, parse_dataclass, point_id, validate)
 from harness.launch import LaunchError, RankContext, launch
 from harness.results import SCHEMA, load_results, summarize
 from harness.sweep import run_point, run_sweep
 
 __all__ = [
-    "AllreduceConfig", "TrainConfig", "add_dataclass_arguments", "dataclass_from_namespace", "parse_dataclass",
-    "point_id", "validate", "LaunchError", "RankContext", "launch", "SCHEMA", "load_results", "summarize",
-    "run_point", "run_sweep",
+    "AllreduceConfig", "ConvergenceConfig", "TrainConfig", "add_dataclass_arguments", "dataclass_from_namespace",
+    "parse_dataclass", "point_id", "validate", "LaunchError", "RankContext", "launch", "SCHEMA", "load_results",
+    "summarize", "run_point", "run_sweep",
 ]

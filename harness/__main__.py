@@ -44,6 +44,8 @@ def main(argv=None) -> int:
     if ns.kind == "allreduce":
         metrics = ["total_ms", "algbw_gbps", "busbw_gbps"]
     print(summarize(mine, by=["point_id"], metrics=metrics).T.to_string(header=False))
+    if "net_rate_mbit" in mine.columns and mine["net_rate_mbit"].notna().any():
+        print(f"network: net={mine['net'].iloc[0]}, emulated {mine['net_rate_mbit'].iloc[0]:.0f} Mbit/s per rank")
     return 0
 
 

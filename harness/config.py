@@ -6,6 +6,9 @@ bad value costs a ValueError naming it, never a hung launch.
 
 ``profile="auto"`` and ``backend="auto"`` are resolved (:func:`resolve`) before a point is hashed, so a point
 id always names concrete settings: the same config on a GPU and a CPU machine gets different ids.
+``net="auto"`` becomes ``loopback`` where no network is emulated (NCCL or a GPU, torchrun, one rank, no
+communication, convergence points); elsewhere it stays ``auto`` in the id (the rate is measured at run time
+and stored in ``net_rate_mbit``, see :mod:`harness.netem`).
 """
 from __future__ import annotations
 
@@ -16,6 +19,8 @@ import json
 import os
 import typing
 from dataclasses import dataclass, field
+
+from harness import netem
 
 MODELS = ("small", "resnet50", "bert-base", "bert-large")
 PROFILES = ("paper", "cpu")
@@ -49,6 +54,7 @@ class TrainConfig:
     seed: int = 0
     lr: float = 0.01  # plain SGD
     threads_per_rank: int = 0  # 0 = max(1, cores // ranks on this node)
+    net: str = "loopback"  # loopback | RATE per rank, e.g. 1gbit (emulated link) | auto; see harness.netem
     timeout_s: float = field(default=300.0, metadata=NOT_IDENTITY)  # process group timeout
     fault: str = ""  # fault injection for tests: "<raise|exit|hang>@<rank>"
 
@@ -65,11 +71,35 @@ class AllreduceConfig:
     iters: int = 10
     warmup: int = 2
     threads_per_rank: int = 0
+    net: str = "loopback"  # loopback | RATE | auto (ResNet50's auto rate); see harness.netem
     timeout_s: float = field(default=300.0, metadata=NOT_IDENTITY)
     fault: str = ""
 
 
-PointConfig = typing.Union[TrainConfig, AllreduceConfig]
+@dataclass(frozen=True)
+class ConvergenceConfig:
+    """Convergence on real data with skipped synchronization (paper Figure 11): loss/accuracy per iteration."""
+
+    dataset: str = "digits"  # digits (ships with scikit-learn) | cifar10 (read from data_dir, never downloaded)
+    data_dir: str = ""  # cifar10: directory holding cifar-10-batches-py
+    world_size: int = 2
+    backend: str = "auto"
+    batch_size: int = 8  # per rank
+    sync_every: int = 1  # n: synchronize on 1 of every n iterations, no_sync (accumulate) on the others
+    iters: int = 1600  # forward/backward iterations per rank (the optimizer steps iters / sync_every times)
+    lr: float = 0.02  # SGD learning rate (converges on digits at batch 8 and 256 for n = 1..8)
+    momentum: float = 0.9
+    eval_every: int = 40  # rank 0 evaluates the test split after every eval_every-th iteration and the last
+    test_fraction: float = 0.2  # digits: held-out share (cifar10 uses its official test set)
+    seed: int = 0  # model init, train/test split and per-epoch shuffles
+    bucket_cap_mb: float = 25.0
+    threads_per_rank: int = 0
+    net: str = "loopback"  # loopback | RATE (auto = loopback: convergence is per iteration); see harness.netem
+    timeout_s: float = field(default=300.0, metadata=NOT_IDENTITY)
+    fault: str = ""
+
+
+PointConfig = typing.Union[TrainConfig, AllreduceConfig, ConvergenceConfig]
 
 DEFAULT_TOTAL_PARAMS = {"paper": 60_000_000, "cpu": 4_000_000}
 
@@ -83,15 +113,24 @@ def cuda_available() -> bool:
 def resolve(cfg: PointConfig) -> PointConfig:
     """Replace ``auto`` profile/backend and profile-dependent zeros by concrete values."""
     changes = {}
-    if cfg.profile == "auto":
+    if getattr(cfg, "profile", None) == "auto":
         changes["profile"] = "paper" if cuda_available() else "cpu"
     if cfg.backend == "auto":
         changes["backend"] = "nccl" if cuda_available() else "gloo"
+    if getattr(cfg, "net", "loopback") == "auto" and _auto_net_is_loopback(cfg, changes.get("backend", cfg.backend)):
+        changes["net"] = "loopback"
     if isinstance(cfg, AllreduceConfig) and cfg.total_params == 0:
         profile = changes.get("profile", cfg.profile)
         if profile in DEFAULT_TOTAL_PARAMS:
             changes["total_params"] = DEFAULT_TOTAL_PARAMS[profile]
     return dataclasses.replace(cfg, **changes) if changes else cfg
+
+
+def _auto_net_is_loopback(cfg: PointConfig, backend: str) -> bool:
+    """``net='auto'`` emulates a network only for spawned CPU points that communicate and time it; with GPUs
+    (NCCL) or under torchrun the real interconnect is used, and convergence does not depend on time."""
+    return (backend == "nccl" or cuda_available() or "RANK" in os.environ or cfg.world_size == 1
+            or getattr(cfg, "impl", "") == "local" or not isinstance(cfg, (TrainConfig, AllreduceConfig)))
 
 
 def _check_choice(name: str, value, choices) -> None:
@@ -116,9 +155,9 @@ def ranks_on_this_node(world_size: int) -> int:
 
 def validate(cfg: PointConfig) -> PointConfig:
     """Resolve and check ``cfg``; raise ValueError naming the first bad value. Returns the resolved config."""
-    if not isinstance(cfg, (TrainConfig, AllreduceConfig)):
+    if not isinstance(cfg, (TrainConfig, AllreduceConfig, ConvergenceConfig)):
         raise ValueError(f"unknown point config type {type(cfg).__name__}")
-    if cfg.profile != "auto":
+    if getattr(cfg, "profile", "auto") != "auto":
         _check_choice("profile", cfg.profile, PROFILES)
     if cfg.backend != "auto":
         _check_choice("backend", cfg.backend, BACKENDS)
@@ -126,13 +165,14 @@ def validate(cfg: PointConfig) -> PointConfig:
         raise ValueError(f"world_size must be positive, got {cfg.world_size}")
     if cfg.iters <= 0:
         raise ValueError(f"iters must be positive, got {cfg.iters}")
-    if cfg.warmup < 0:
+    if getattr(cfg, "warmup", 0) < 0:
         raise ValueError(f"warmup must be non-negative, got {cfg.warmup}")
     if cfg.timeout_s <= 0:
         raise ValueError(f"timeout_s must be positive, got {cfg.timeout_s}")
     if cfg.threads_per_rank < 0:
         raise ValueError(f"threads_per_rank must be >= 0, got {cfg.threads_per_rank}")
     _check_fault(cfg.fault)
+    netem.check_net(cfg.net)
     if isinstance(cfg, TrainConfig):
         _check_choice("model", cfg.model, MODELS)
         _check_choice("impl", cfg.impl, IMPLS)
@@ -151,6 +191,8 @@ def validate(cfg: PointConfig) -> PointConfig:
             raise ValueError("overlap=False is only available with impl='ours' (torch's DDP always overlaps)")
         if cfg.comm_hook and cfg.impl == "local":
             raise ValueError(f"comm_hook={cfg.comm_hook!r} needs a DDP impl, got impl='local'")
+    elif isinstance(cfg, ConvergenceConfig):
+        _validate_convergence(cfg)
     else:
         if cfg.total_params < 0:
             raise ValueError(f"total_params must be >= 0, got {cfg.total_params}")
@@ -170,7 +212,29 @@ def validate(cfg: PointConfig) -> PointConfig:
                 f"world_size={cfg.world_size} puts {local} ranks on this node but only "
                 f"{torch.cuda.device_count()} GPU(s) are visible; backend='nccl' needs one GPU per rank"
             )
+    if cfg.net != "loopback":
+        if "RANK" in os.environ:
+            raise ValueError(f"net={cfg.net!r} cannot apply under torchrun/SLURM (RANK is set): the ranks already "
+                             f"run on the real network; use net='loopback'")
+        netem.require()  # NetemUnavailable (a ValueError) names what is missing
     return cfg
+
+
+def _validate_convergence(cfg: ConvergenceConfig) -> None:
+    from harness.data import check_dataset  # unknown data set or missing CIFAR-10 directory: before any spawn
+
+    check_dataset(cfg.dataset, cfg.data_dir)
+    for name in ("batch_size", "sync_every", "eval_every"):
+        if getattr(cfg, name) < 1:
+            raise ValueError(f"{name} must be positive, got {getattr(cfg, name)}")
+    if not cfg.lr > 0:
+        raise ValueError(f"lr must be positive, got {cfg.lr}")
+    if not 0 <= cfg.momentum < 1:
+        raise ValueError(f"momentum must be in [0, 1), got {cfg.momentum}")
+    if not 0 < cfg.test_fraction < 1:
+        raise ValueError(f"test_fraction must be in (0, 1), got {cfg.test_fraction}")
+    if cfg.bucket_cap_mb < 0:
+        raise ValueError(f"bucket_cap_mb must be >= 0, got {cfg.bucket_cap_mb}")
 
 
 def point_id(cfg: PointConfig) -> str:

@@ -10,6 +10,8 @@
 * In place (RANK set, e.g. ``torchrun``/SLURM): env:// rendezvous (RANK, WORLD_SIZE, LOCAL_RANK,
   MASTER_ADDR/PORT); ``fn`` runs in this process and results are all-gathered, so every rank gets the list.
   The default process group is created once and reused by later launches in the same job.
+* Emulated network (``net_rate_mbit``, spawned only): the spawned launch runs inside a private network
+  namespace whose loopback gives each rank that bandwidth; see :mod:`harness.netem`.
 
 Every process group gets ``timeout_s``, so a collective waiting on a hung or dead peer raises instead of
 blocking forever. Threads: each rank uses ``max(1, cores // ranks_on_this_node)`` unless told otherwise,
@@ -224,12 +226,15 @@ def refuse_in_bootstrapping_child() -> None:
 
 
 def launch(fn: Callable[..., Any], world_size: int, backend: str = "gloo", *, args: Sequence = (),
-           timeout_s: float = 300.0, threads: int = 0, deadline_s: float | None = None) -> list:
+           timeout_s: float = 300.0, threads: int = 0, deadline_s: float | None = None,
+           net_rate_mbit: float | None = None) -> list:
     """Run ``fn(ctx, *args)`` on ``world_size`` ranks; return the results indexed by rank.
 
     ``fn`` must be a module-level function (it is pickled into spawned ranks). ``timeout_s`` is the
     process-group timeout; ``threads`` (0 = auto) the torch threads per rank; ``deadline_s`` an optional
-    wall-clock limit for the whole launch (spawned mode). Raises :class:`LaunchError` if any rank fails.
+    wall-clock limit for the whole launch (spawned mode). ``net_rate_mbit`` (spawned mode only) runs the
+    ranks in a private network namespace whose loopback gives each rank that bandwidth (``harness.netem``;
+    ``args`` and results then travel as JSON). Raises :class:`LaunchError` if any rank fails.
     """
     refuse_in_bootstrapping_child()
     if world_size < 1:
@@ -241,7 +246,14 @@ def launch(fn: Callable[..., Any], world_size: int, backend: str = "gloo", *, ar
             raise ValueError("backend='nccl' needs CUDA, but torch.cuda.is_available() is False")
         if world_size > torch.cuda.device_count():
             raise ValueError(f"world_size={world_size} exceeds the {torch.cuda.device_count()} visible GPU(s)")
+    if net_rate_mbit is not None and in_place():
+        raise ValueError("network emulation cannot apply under torchrun/SLURM (RANK is set): the ranks already "
+                         "run on the real network; use net='loopback'")
     if in_place():
         return _run_in_place(fn, world_size, backend, args, timeout_s, threads)
     sys.stdout.flush()
+    if net_rate_mbit is not None:
+        from harness.netem import launch_in_namespace
+
+        return launch_in_namespace(fn, world_size, backend, args, timeout_s, threads, deadline_s, net_rate_mbit)
     return _spawn(fn, world_size, backend, args, timeout_s, threads, deadline_s)

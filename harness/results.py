@@ -19,7 +19,7 @@ from typing import Iterable, Sequence
 
 import pandas as pd
 
-from harness.config import AllreduceConfig, TrainConfig
+from harness.config import AllreduceConfig, ConvergenceConfig, TrainConfig
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 TMP_PREFIX = ".tmp-"
@@ -29,7 +29,7 @@ _DTYPES = {int: "Int64", float: "float64", bool: "boolean", str: "string"}
 
 def _config_columns() -> dict[str, str]:
     cols: dict[str, str] = {}
-    for cls in (TrainConfig, AllreduceConfig):
+    for cls in (TrainConfig, AllreduceConfig, ConvergenceConfig):
         hints = typing.get_type_hints(cls)
         for f in dataclasses.fields(cls):
             cols.setdefault(f.name, _DTYPES[hints[f.name]])
@@ -41,6 +41,8 @@ SCHEMA: dict[str, str] = {
     "experiment": "string", "point_id": "string", "point_type": "string",
     "rank": "Int64", "iteration": "Int64",
     **_config_columns(),
+    # network emulation (harness.netem): the rate applied for the point's `net`
+    "net_rate_mbit": "float64", "net_auto_backward_ms": "float64",
     # training iteration (harness.runner)
     "synced": "boolean", "loss": "float64",
     "forward_ms": "float64", "backward_ms": "float64", "backward_compute_ms": "float64",
@@ -52,6 +54,9 @@ SCHEMA: dict[str, str] = {
     # allreduce microbenchmark (harness.collectives); total_ms is shared
     "num_calls": "Int64", "total_bytes": "Int64", "call_ms": "float64", "algbw_gbps": "float64",
     "busbw_gbps": "float64",
+    # convergence on real data (harness.convergence); synced, loss, num_params, batch_size_used are shared
+    "epoch": "float64", "accuracy": "float64", "test_loss": "float64", "test_accuracy": "float64",
+    "train_size": "Int64", "test_size": "Int64",
     # run metadata
     "torch_version": "string", "hostname": "string", "device_name": "string", "num_threads": "Int64",
     "git_commit": "string", "started_at": "string", "point_seconds": "float64", "error": "string",
@@ -60,7 +65,8 @@ SCHEMA: dict[str, str] = {
 ALWAYS = ("experiment", "point_id", "point_type", "rank", "iteration", "error")
 
 METRICS = ("forward_ms", "backward_ms", "backward_compute_ms", "backward_comm_exposed_ms", "optimizer_ms",
-           "total_ms", "ddp_backward_comm_ms", "ddp_overlap_ms", "loss", "call_ms", "algbw_gbps", "busbw_gbps")
+           "total_ms", "ddp_backward_comm_ms", "ddp_overlap_ms", "loss", "call_ms", "algbw_gbps", "busbw_gbps",
+           "accuracy", "test_accuracy")
 
 
 def results_root(root: str | os.PathLike | None = None) -> Path:

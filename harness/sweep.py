@@ -14,6 +14,7 @@ job's WORLD_SIZE are skipped with a note, so one driver can serve jobs of severa
 from __future__ import annotations
 
 import datetime
+import math
 import os
 import sys
 import time
@@ -23,8 +24,9 @@ from typing import Sequence
 import pandas as pd
 from tqdm import tqdm
 
-from harness import results
-from harness.config import AllreduceConfig, PointConfig, TrainConfig, config_columns, point_id, validate
+from harness import netem, results
+from harness.config import (AllreduceConfig, ConvergenceConfig, PointConfig, TrainConfig, config_columns, point_id,
+                            validate)
 from harness.launch import in_place, init_in_place, launch, refuse_in_bootstrapping_child
 
 MAX_ERROR_CHARS = 8000
@@ -35,11 +37,15 @@ def run_point(cfg: PointConfig, deadline_s: float | None = None) -> list[dict]:
     cfg = validate(cfg)
     if isinstance(cfg, TrainConfig):
         from harness.runner import run_training_point as fn
+    elif isinstance(cfg, ConvergenceConfig):
+        from harness.convergence import run_convergence_point as fn
     else:
         from harness.collectives import run_allreduce_point as fn
+    rate_mbit, auto_backward_ms = netem.point_rate(cfg)  # None = plain loopback; auto is measured (cached)
     per_rank = launch(fn, cfg.world_size, cfg.backend, args=(cfg,), timeout_s=cfg.timeout_s,
-                      threads=cfg.threads_per_rank, deadline_s=deadline_s)
-    config = config_columns(cfg)
+                      threads=cfg.threads_per_rank, deadline_s=deadline_s, net_rate_mbit=rate_mbit)
+    config = {**config_columns(cfg), "net_rate_mbit": math.nan if rate_mbit is None else rate_mbit,
+              "net_auto_backward_ms": auto_backward_ms}
     return [{**config, **row} for rows in per_rank for row in rows]
 
 
@@ -123,6 +129,8 @@ def run_sweep(experiment: str, points: Sequence[PointConfig], *, root: str | os.
 
 
 def _describe(cfg: PointConfig) -> str:
+    if isinstance(cfg, ConvergenceConfig):
+        return f"{cfg.dataset} batch={cfg.batch_size} sync_every={cfg.sync_every} ranks={cfg.world_size}"
     if isinstance(cfg, AllreduceConfig):
         return f"allreduce {cfg.backend} n={cfg.world_size} k={cfg.params_per_call}"
     return f"{cfg.model} {cfg.impl} {cfg.backend} n={cfg.world_size} cap={cfg.bucket_cap_mb}MB"

@@ -1,0 +1,150 @@
+"""Emulated network (harness.netem): busbw matches the configured rate, the host's network is untouched,
+refused namespaces give a clear error, ``auto`` picks and records a rate."""
+import math
+import statistics
+import subprocess
+import sys
+
+import pytest
+
+from harness import AllreduceConfig, LaunchError, TrainConfig, config, netem, run_point, run_sweep, validate
+from harness.collectives import bus_factor
+from harness.launch import available_cores
+
+
+def _emulation_works() -> str:
+    try:
+        netem.require()
+        return ""
+    except netem.NetemUnavailable as exc:
+        return str(exc)
+
+
+_UNAVAILABLE = _emulation_works()
+needs_netem = pytest.mark.skipif(bool(_UNAVAILABLE), reason=f"no network emulation here: {_UNAVAILABLE}")
+
+
+def _host_network() -> str:
+    """What a leak into the host would change: every qdisc and every link."""
+    out = [subprocess.run([tool, *args], capture_output=True, text=True, timeout=10).stdout
+           for tool, args in ((netem.TC, ["qdisc", "show"]), (netem.IP, ["link", "show"]),
+                              (netem.IP, ["addr", "show"]))]
+    return "\n".join(out)
+
+
+@needs_netem
+@pytest.mark.parametrize("net", ["200mbit", "1gbit"])
+def test_allreduce_busbw_matches_the_configured_rate(net):
+    before = _host_network()
+    cfg = AllreduceConfig(backend="gloo", profile="cpu", world_size=2, total_params=2_000_000,
+                          params_per_call=2_000_000, iters=5, warmup=2, threads_per_rank=1, net=net, timeout_s=60)
+    rows = run_point(cfg)
+    rate = netem.parse_rate(net)
+    busbw_mbit = statistics.median(r["busbw_gbps"] * 8000 for r in rows)  # GB/s -> Mbit/s
+    assert abs(busbw_mbit / rate - 1) < 0.15, (busbw_mbit, rate)
+    assert {r["net"] for r in rows} == {net} and {r["net_rate_mbit"] for r in rows} == {rate}
+    assert _host_network() == before  # the shaping lived and died in the private namespace
+
+
+@needs_netem
+def test_a_failing_rank_inside_the_namespace_fails_the_launch():
+    cfg = AllreduceConfig(backend="gloo", profile="cpu", world_size=2, total_params=100_000, params_per_call=100_000,
+                          iters=1, warmup=0, threads_per_rank=1, net="1gbit", timeout_s=60, fault="raise@1")
+    with pytest.raises(LaunchError, match="injected fault on rank 1"):
+        run_point(cfg)
+
+
+@needs_netem
+def test_auto_measures_records_and_caches_a_rate(monkeypatch):
+    launches = []
+    launch_module = sys.modules["harness.launch"]
+    real_launch = launch_module.launch
+
+    def counting_launch(fn, *args, **kwargs):
+        launches.append(fn.__name__)
+        return real_launch(fn, *args, **kwargs)
+
+    monkeypatch.setattr(launch_module, "launch", counting_launch)  # what netem.measure_backward calls
+    netem._backward_cache.clear()
+    cfg = TrainConfig(model="small", profile="cpu", backend="gloo", world_size=2, iters=2, warmup=1,
+                      threads_per_rank=1, net="auto", timeout_s=60)
+    rows = run_point(cfg)
+    assert launches == ["_time_backward"]
+    rates = {r["net_rate_mbit"] for r in rows}
+    assert len(rates) == 1 and {r["net"] for r in rows} == {"auto"}
+    rate = rates.pop()
+    backward_ms = rows[0]["net_auto_backward_ms"]
+    assert math.isfinite(rate) and rate > 0 and backward_ms > 0
+    bus_bits = bus_factor(2) * rows[0]["num_params"] * 4 * 8
+    assert rate == pytest.approx(bus_bits / 1e6 / (backward_ms / 1e3))  # one allreduce takes one backward
+    other = validate(TrainConfig(model="small", profile="cpu", backend="gloo", world_size=2, bucket_cap_mb=1,
+                                 threads_per_rank=1, net="auto"))
+    assert netem.point_rate(other) == (rate, backward_ms) and launches == ["_time_backward"]  # cached
+
+
+def test_auto_rate_formula_and_reference_model(monkeypatch):
+    asked = []
+
+    def fake(model, profile, batch_size, threads):
+        asked.append((model, profile, batch_size, threads))
+        return {"backward_ms": 100.0, "grad_bytes": 100_000_000}
+
+    monkeypatch.setattr(netem, "measure_backward", fake)
+    monkeypatch.setattr(config, "cuda_available", lambda: False)
+    monkeypatch.setattr(netem, "require", lambda: None)
+    rate, backward_ms = netem.point_rate(validate(AllreduceConfig(world_size=3, threads_per_rank=1, net="auto")))
+    assert backward_ms == 100.0 and rate == pytest.approx(4 / 3 * 8e8 / 1e6 / 0.1)  # 2(n-1)/n x 800 Mbit / 0.1 s
+    assert asked == [("resnet50", "cpu", 0, 1)]  # allreduce points use ResNet50's backward
+    netem.point_rate(validate(TrainConfig(model="bert-base", batch_size=3, world_size=2, net="auto")))
+    assert asked[-1] == ("bert-base", "cpu", 3, max(1, available_cores() // 2))  # the point's threads per rank
+    rate, backward_ms = netem.point_rate(validate(TrainConfig(net="500mbit")))
+    assert rate == 500.0 and math.isnan(backward_ms)
+    assert netem.point_rate(validate(TrainConfig()))[0] is None  # loopback is the harness default
+
+
+def test_auto_is_loopback_where_nothing_is_emulated(monkeypatch):
+    monkeypatch.setattr(config, "cuda_available", lambda: False)
+    monkeypatch.setattr(netem, "require", lambda: None)
+    assert validate(TrainConfig(net="auto")).net == "auto"
+    assert validate(TrainConfig(net="auto", world_size=1)).net == "loopback"
+    assert validate(TrainConfig(net="auto", impl="local")).net == "loopback"
+    monkeypatch.setattr(config, "cuda_available", lambda: True)  # GPUs (NCCL): the real interconnect
+    assert config.resolve(TrainConfig(net="auto")).net == "loopback"
+    assert config.resolve(AllreduceConfig(net="auto", backend="gloo")).net == "loopback"
+
+
+def test_rates_under_torchrun_are_refused(monkeypatch):
+    monkeypatch.setattr(config, "cuda_available", lambda: False)
+    monkeypatch.setenv("RANK", "0")
+    assert validate(TrainConfig(net="auto")).net == "loopback"  # drivers' default: the real network
+    with pytest.raises(ValueError, match="torchrun"):
+        validate(TrainConfig(net="1gbit"))
+
+
+@pytest.mark.parametrize("net", ["1gbps", "fast", "0mbit", "-1gbit", "1 gbit/s"])
+def test_bad_net_values_are_refused(net):
+    with pytest.raises(ValueError, match="unknown net"):
+        validate(TrainConfig(net=net))
+
+
+@pytest.mark.parametrize("tool,value,message", [
+    ("UNSHARE", "false", r"user\+network namespaces.*failed \(exit code 1\).*--net=loopback"),
+    ("UNSHARE", "/nonexistent/unshare", r"needs `unshare` \(util-linux.*not found.*--net=loopback"),
+    ("TC", "/nonexistent/tc", r"needs `tc` \(iproute2.*not found"),
+])
+def test_refused_namespaces_stop_with_a_clear_message(monkeypatch, tmp_path, tool, value, message):
+    monkeypatch.setattr(netem, tool, value)
+    monkeypatch.setattr(config, "cuda_available", lambda: False)
+    monkeypatch.setattr("harness.sweep.launch", lambda *a, **k: pytest.fail("nothing may launch"))
+    with pytest.raises(netem.NetemUnavailable, match=message):
+        run_sweep("netem", [TrainConfig(net="loopback"), TrainConfig(net="1gbit")], root=tmp_path, progress=False)
+    assert not (tmp_path / "netem").exists()  # stopped before the first point, nothing stored
+    assert validate(TrainConfig(net="loopback")).net == "loopback"  # --net=loopback still works
+
+
+def test_launch_arguments_travel_as_json():
+    cfg = TrainConfig(model="resnet50", net="1gbit")
+    encoded = netem._encode([cfg, (1, "a"), {"k": [1.5, None]}])
+    assert netem._decode(encoded) == [cfg, (1, "a"), {"k": [1.5, None]}]
+    with pytest.raises(TypeError, match="JSON"):
+        netem._encode([object()])
