@@ -10,7 +10,7 @@ FIGURES := fig2 fig6 fig7 fig8 fig9 fig10 fig11 fig12
 WS_ARG = $(if $(WORLD_SIZE),--world_size=$(WORLD_SIZE))
 fig9 fig10 fig11 fig2: WS_ARG =
 
-.PHONY: setup test clean figures plots $(FIGURES)
+.PHONY: setup test clean figures plots bench $(FIGURES)
 
 setup: $(STAMP)
 
@@ -30,6 +30,10 @@ figures: $(FIGURES)
 
 plots: setup
 	$(PY) -m experiments plots
+
+# Our DDP vs torch's, interleaved, per (model, bucket cap); `make bench ARGS="--models=resnet50 --caps=25"`.
+bench: setup
+	$(PY) -m harness.bench $(ARGS)
 
 clean:
 	rm -rf $(VENV) .pytest_cache

@@ -3,8 +3,8 @@
 The paper packs gradients into flat buckets so one allreduce moves many small tensors. Parameters are taken in
 the reverse of ``model.parameters()`` (roughly the order backward produces their gradients), split by (device,
 dtype) because one flat buffer holds one kind of tensor, and a bucket is closed once it reaches its cap, so it
-may exceed the cap by one tensor. The first bucket of each kind gets a small cap so the first ready gradients
-do not wait long before their allreduce starts (torch's later default of 1 MiB).
+may exceed the cap by one tensor. The first bucket of each kind may get a smaller cap so the first ready gradients
+do not wait long before their allreduce starts (torch's 1 MiB, which torch uses only with its default cap).
 """
 from __future__ import annotations
 

@@ -18,9 +18,10 @@ def _checked(fut: torch.futures.Future, result: torch.Tensor) -> torch.Tensor:
 
 
 def allreduce_hook(group, bucket: torch.Tensor) -> torch.futures.Future:
-    """Plain sum allreduce (the default), in place. Returns the collective's own future (value ``[bucket]``; a
-    failed collective raises on ``wait``): no Python callback has to take the GIL on the communication thread."""
-    return dist.all_reduce(bucket, group=group, async_op=True).get_future()
+    """Plain sum allreduce (the default), in place, issued on the ProcessGroup itself (as torch's C++ reducer
+    does; ``dist.all_reduce``'s Python checks cost ~5 us per bucket). Returns the collective's own future (value
+    ``[bucket]``; a failed collective raises on ``wait``), so no Python callback runs on the communication thread."""
+    return (dist.group.WORLD if group is None else group).allreduce([bucket]).get_future()
 
 
 def _compress_hook(dtype: torch.dtype):

@@ -23,11 +23,16 @@ from .process_groups import RoundRobinProcessGroup
 from .reducer import Reducer
 from .timing import IterationTiming, clock_for
 
+DEFAULT_BUCKET_CAP_MB = 25
+DEFAULT_FIRST_BUCKET_CAP_MB = 1  # torch's _DEFAULT_FIRST_BUCKET_BYTES, used only with the default cap
+
 
 class DistributedDataParallel(nn.Module):
     """Bucketed, overlapping data parallelism; see the module docstrings of ``ddp_impl`` for the algorithm.
 
-    ``bucket_cap_mb`` and ``first_bucket_cap_mb`` are MiB like torch's; 0 gives one bucket per parameter.
+    ``bucket_cap_mb`` and ``first_bucket_cap_mb`` are MiB like torch's; 0 gives one bucket per parameter. As in
+    torch (2.x), the first bucket is capped at 1 MiB only when ``bucket_cap_mb`` is left at its default (25);
+    an explicit ``bucket_cap_mb`` caps the first bucket too, unless ``first_bucket_cap_mb`` is given.
     ``overlap=False`` is the paper's non-overlapping baseline (same buckets, all reduced after backward).
     ``comm_hook`` is a callable ``(group, flat_bucket) -> Future`` or one of ``"allreduce"``, ``"fp16"``,
     ``"bf16"``. ``process_group`` may be a :class:`RoundRobinProcessGroup`. ``timing=False`` turns the
@@ -35,11 +40,15 @@ class DistributedDataParallel(nn.Module):
     between iterations.
     """
 
-    def __init__(self, module: nn.Module, process_group=None, bucket_cap_mb: float = 25,
-                 first_bucket_cap_mb: float = 1, find_unused_parameters: bool = False,
+    def __init__(self, module: nn.Module, process_group=None, bucket_cap_mb: float | None = None,
+                 first_bucket_cap_mb: float | None = None, find_unused_parameters: bool = False,
                  broadcast_buffers: bool = True, overlap: bool = True, gradient_as_bucket_view: bool = False,
                  rebuild_buckets: bool = True, comm_hook: Callable | str | None = None, timing: bool = True):
         super().__init__()
+        if first_bucket_cap_mb is None:
+            first_bucket_cap_mb = DEFAULT_FIRST_BUCKET_CAP_MB if bucket_cap_mb is None else bucket_cap_mb
+        if bucket_cap_mb is None:
+            bucket_cap_mb = DEFAULT_BUCKET_CAP_MB
         cap, first_cap = mb_to_bytes(bucket_cap_mb), mb_to_bytes(first_bucket_cap_mb)
         if isinstance(comm_hook, str):
             if comm_hook not in HOOKS:
@@ -129,6 +138,8 @@ class DistributedDataParallel(nn.Module):
                 "iterations, construct DistributedDataParallel with find_unused_parameters=True; otherwise make "
                 "sure every output that depends on them takes part in the loss.")
         sync = torch.is_grad_enabled() and self.require_backward_grad_sync
+        if sync:
+            reducer.rebuild_if_pending()
         timing = IterationTiming(self._clock, len(reducer.buckets)) if sync and self.timing else None
         if self._sync_buffers_now and self.broadcast_buffers and self._buffers_list and self.world_size > 1:
             _broadcast_coalesced(self._buffers_list, self._primary)

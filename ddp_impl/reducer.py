@@ -11,7 +11,9 @@
    they are marked ready with the first hook, and an allreduced usage bitmap says which were unused on every
    rank: their ``.grad`` is left untouched.
 5. The order in which gradients became ready in the first iteration (rank 0's) becomes the bucket order from
-   the second iteration on (gradient order prediction).
+   the second iteration on (gradient order prediction). Like torch, the buckets are rebuilt at the start of
+   the next synchronized forward, before any activation exists, and the old ones are freed first unless
+   ``.grad`` still lives in them (``gradient_as_bucket_view``).
 """
 from __future__ import annotations
 
@@ -84,6 +86,11 @@ class Reducer:
     def primary_group(self):
         return self.group.primary if isinstance(self.group, RoundRobinProcessGroup) else self.group
 
+    def rebuild_if_pending(self) -> None:
+        """Called at the start of a synchronized forward (every rank, before any activation exists)."""
+        if self.rebuild_pending and self._order:
+            self._rebuild()
+
     def _rebuild(self) -> None:
         """Re-bucket in the gradient-ready order rank 0 observed, so early gradients share early buckets."""
         self.rebuild_pending = False
@@ -95,6 +102,8 @@ class Reducer:
         order_t = torch.tensor(order, dtype=torch.int64, device=device)
         dist.broadcast(order_t, src=dist.get_global_rank(self.primary_group, 0), group=self.primary_group)
         old_views = self.views
+        if not self.as_view:  # nothing lives in the old buckets between iterations: free them first (like torch)
+            old_views = self.views = self.flats = None  # type: ignore[assignment]
         self._build(assign_buckets(self.specs, self.cap_bytes, self.first_cap_bytes, order_t.tolist()))
         if self.as_view:  # .grad still points into the old buckets: move it into the new ones
             for p, old, new in zip(self.params, old_views, self.views):
@@ -105,8 +114,6 @@ class Reducer:
     # ---- per iteration --------------------------------------------------------------------------------
     def prepare_for_backward(self, timing: IterationTiming | None, unused: list[int]) -> None:
         """Called by a synchronized forward: arm the hooks for the coming backward."""
-        if self.rebuild_pending and self._order:
-            self._rebuild()
         self.expect_hooks = True
         self.timing = timing
         self._unused = unused
@@ -189,8 +196,9 @@ class Reducer:
                 timing.backward_start = timing.backward_end
         if not self.overlap and all(p == 0 for p in self._pending):
             self._launch_ready()
-        self.missing = [self.names[i] for i in range(len(self.params)) if not self._ready[i]]
+        self.missing = [] if all(self._ready) else [n for n, ready in zip(self.names, self._ready) if not ready]
         values = [None if f is None else f.wait() for f in self._futures]
+        self._futures = []  # their values hold the buckets; do not keep them alive past this iteration
         if self.missing:
             return  # the launched buckets finished on every rank; the next forward reports the missing ones
         for flat, value in zip(self.flats, values):
@@ -210,6 +218,11 @@ class Reducer:
         self.last_timing = timing
 
     def _write_back(self, skip: set[int]) -> None:
+        if not skip and not self.as_view:  # the common case: one fused copy, no per-parameter Python
+            grads = [p.grad for p in self.params]
+            if not any(g is None for g in grads):
+                torch._foreach_copy_(grads, self.views)
+                return
         if self.as_view:
             for i, p in enumerate(self.params):
                 if i not in skip and (p.grad is None or p.grad.data_ptr() != self.views[i].data_ptr()):

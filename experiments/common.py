@@ -45,14 +45,33 @@ def split_backends(backends, world_size: int) -> tuple[list[str], dict[str, str]
     return usable, unavailable
 
 
-def ok_rows(df: pd.DataFrame, synced_only: bool = True) -> pd.DataFrame:
-    """Measured rows of successful points (failed points are stored as a single row with ``error``)."""
+def ok_rows(df: pd.DataFrame, synced_only: bool = True, net: str | None = None) -> pd.DataFrame:
+    """Measured rows of successful points (failed points are stored as a single row with ``error``);
+    with ``net``, only those measured over that network (see :func:`for_net`)."""
     if df.empty:
         return df
     ok = df[df["error"].fillna("") == ""]
     if synced_only and "synced" in ok.columns:
         ok = ok[ok["synced"].fillna(True).astype(bool)]
-    return ok
+    return ok if net is None else for_net(ok, net)
+
+
+def for_net(df: pd.DataFrame, net: str) -> pd.DataFrame:
+    """Rows measured over the network a driver's ``net`` asks for on this machine, so runs with different
+    ``--net`` stored side by side are never mixed. ``auto`` also keeps the points where it means loopback
+    (NCCL or GPUs, torchrun, one rank, no communication): they are stored with ``net = loopback``."""
+    if df.empty or "net" not in df.columns:
+        return df
+    keep = df["net"] == net
+    if net == "auto":
+        from harness.config import auto_net_is_loopback
+
+        plain = df[df["net"] == "loopback"].drop_duplicates("point_id")
+        same = {r.point_id for r in plain.itertuples()
+                if auto_net_is_loopback(r.point_type, r.backend, int(r.world_size),
+                                        r.impl if isinstance(getattr(r, "impl", None), str) else "")}
+        keep |= df["point_id"].isin(same)
+    return df[keep]
 
 
 def grid(rows: list[str], cols: list[str], width: float = 4.2, height: float = 3.2):

@@ -55,7 +55,8 @@ def points(cfg: Config) -> list:
 
 def _split(df, cfg: Config):
     ok = common.ok_rows(df, synced_only=False)
-    comm = ok[(ok["point_type"] == "AllreduceConfig") & (ok["total_params"] == cfg.total_params)]
+    comm = common.for_net(ok[(ok["point_type"] == "AllreduceConfig") & (ok["total_params"] == cfg.total_params)],
+                          cfg.net)
     compute = ok[(ok["point_type"] == "TrainConfig") & (ok["model"] == cfg.compute_model)]
     return comm, compute
 

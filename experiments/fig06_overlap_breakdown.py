@@ -49,7 +49,7 @@ def points(cfg: Config) -> list[TrainConfig]:
 
 
 def _medians(df, cfg: Config):
-    ok = common.ok_rows(df)
+    ok = common.ok_rows(df, net=cfg.net)
     ok = ok[(ok["world_size"] == cfg.world_size) & (ok["bucket_cap_mb"] == cfg.bucket_cap_mb)]
     cols = [c for c, _ in PHASES] + ["total_ms"]
     return ok.groupby(["model", "backend", "overlap"])[cols].median()
@@ -96,7 +96,7 @@ def plot(df, cfg: Config):
         ax.legend(fontsize=7, loc="upper left")
     common.title(fig, f"Figure 6: latency breakdown, overlapping vs non-overlapping, {cfg.world_size} ranks, "
                       f"{cfg.bucket_cap_mb:g} MB buckets", f"{PAPER['setup']}; {PAPER['claim']}")
-    common.caption(fig, common.describe_setup(common.ok_rows(df)))
+    common.caption(fig, common.describe_setup(common.ok_rows(df, net=cfg.net)))
     fig.tight_layout(rect=(0, 0.04, 1, 0.9))
     return fig
 

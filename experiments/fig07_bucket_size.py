@@ -48,7 +48,7 @@ def points(cfg: Config) -> list[TrainConfig]:
 
 
 def medians(df, cfg: Config):
-    ok = common.ok_rows(df)
+    ok = common.ok_rows(df, net=cfg.net)
     ok = ok[ok["model"].isin(cfg.models) & (ok["world_size"] == cfg.world_size)]
     return ok.groupby(["model", "backend", "bucket_cap_mb"])["total_ms"].median()
 
@@ -59,7 +59,7 @@ def plot(df, cfg: Config):
 
 def draw(df, cfg: Config, name: str, paper: dict):
     """Shared with Figure 8, which is this figure at a larger world size."""
-    ok = common.ok_rows(df)
+    ok = common.ok_rows(df, net=cfg.net)
     ok = ok[ok["world_size"] == cfg.world_size]
     _, unavailable = common.split_backends(cfg.backends, cfg.world_size)
     fig, axes = common.grid(list(cfg.models), list(cfg.backends))

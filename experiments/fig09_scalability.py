@@ -48,7 +48,7 @@ def points(cfg: Config) -> list[TrainConfig]:
 
 
 def _selected(df, cfg: Config):
-    ok = common.ok_rows(df)
+    ok = common.ok_rows(df, net=cfg.net)
     return ok[ok["model"].isin(cfg.models) & (ok["bucket_cap_mb"] == cfg.bucket_cap_mb)]
 
 

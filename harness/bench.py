@@ -12,25 +12,33 @@ runs, on the same inputs and after a barrier, one iteration (forward+loss, backw
     ours_notiming   the same object with ``timing = False``
     local       the unwrapped copy: backward compute with no DDP at all
     allreduce   async allreduces of zero buffers of our bucket sizes, back to back, then wait for all
-in an order reversed every other round, so the impls interleave (A B ... B A ...) and see the same load.
+in a random order drawn per round (the same on every rank), so the impls interleave, see the same load, and
+none systematically runs right after itself (warm caches) or after a particular other variant.
 Warmup rounds come first (both DDPs rebuild their buckets after their first iteration).
 
 A round's latency is the slowest rank's. Per point: median latency of each variant; ``ratio`` = median
 ours / median torch with ``ratio_p10/p90`` (spread of the per-round paired ratios) and a bootstrap 95% CI of
 the ratio of medians; the ideal bound forward + max(local backward, allreduce) + optimizer (each impl's own
 medians) and ``measured / ideal``; the instrumentation overhead ours / ours_notiming - 1.
-Memory (``--memory``): one job per (model, variant), so allocators are not shared: the peak resident set
-(CPU: VmHWM after clear_refs) or ``torch.cuda.max_memory_allocated`` (GPU) during a few iterations, minus
-what the process held after the model and inputs were built. The columns are defined in BENCHMARKS.md.
+``cpu_ms`` (CPU time of all of a rank's threads) is recorded too: unlike wall time it barely moves when other
+processes share the cores.
+Memory (``--memory``): one job per (model, variant), so allocators are not shared. Peak bytes above what the
+rank held after building the model and inputs and running one plain iteration (runtime start-up is not DDP's):
+CPU: peak resident set (VmHWM, reset through /proc/self/clear_refs), with glibc's mmap threshold at 64 KiB so
+freed tensors leave the resident set at once; GPU: ``torch.cuda.max_memory_allocated``. ``startup_peak_mb``
+covers wrapping and the first 2 iterations (bucket rebuild), ``peak_mb`` the next ``memory_iters``
+(steady state), ``ddp_extra_mb`` = peak_mb minus that of the unwrapped model. Columns: BENCHMARKS.md.
 Writes ``<out>/latency_samples.csv``, ``<out>/summary.csv``, ``<out>/memory.csv`` (atomically, after each
 point) and prints the tables.
 """
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import datetime
 import gc
 import os
+import random
 import socket
 import sys
 import tempfile
@@ -119,6 +127,7 @@ def _fresh(name: str, ctx: RankContext, seed: int):
 def _iteration(name, model, opt, inputs, ctx: RankContext) -> dict:
     dist.barrier(group=ctx.group)
     ctx.synchronize()
+    c0 = time.process_time()  # CPU time of every thread of this rank (compute + Gloo): robust to others' load
     t0 = time.perf_counter()
     loss = compute_loss(name, model, inputs)
     ctx.synchronize()
@@ -131,18 +140,18 @@ def _iteration(name, model, opt, inputs, ctx: RankContext) -> dict:
     ctx.synchronize()
     t3 = time.perf_counter()
     return dict(forward_ms=(t1 - t0) * 1e3, backward_ms=(t2 - t1) * 1e3, optimizer_ms=(t3 - t2) * 1e3,
-                total_ms=(t3 - t0) * 1e3)
+                total_ms=(t3 - t0) * 1e3, cpu_ms=(time.process_time() - c0) * 1e3)
 
 
 def _allreduce_all(buffers, ctx: RankContext) -> dict:
     dist.barrier(group=ctx.group)
     ctx.synchronize()
-    t0 = time.perf_counter()
+    c0, t0 = time.process_time(), time.perf_counter()
     works = [dist.all_reduce(b, group=ctx.group, async_op=True) for b in buffers]
     for w in works:
         w.wait()
     ctx.synchronize()
-    return dict(total_ms=(time.perf_counter() - t0) * 1e3)
+    return dict(total_ms=(time.perf_counter() - t0) * 1e3, cpu_ms=(time.process_time() - c0) * 1e3)
 
 
 def latency_job(ctx: RankContext, name: str, cap_mb: float, cfg: BenchConfig) -> dict:
@@ -159,7 +168,7 @@ def latency_job(ctx: RankContext, name: str, cap_mb: float, cfg: BenchConfig) ->
     for rnd in range(cfg.warmup + cfg.iters):
         if rnd == cfg.warmup:  # buckets are final now: the allreduce reference uses their sizes
             buffers = [torch.zeros(b.numel, dtype=b.dtype, device=b.device) for b in ours.reducer.buckets]
-        for variant in (ORDER if rnd % 2 == 0 else ORDER[::-1]):
+        for variant in random.Random(cfg.seed * 1000 + rnd).sample(ORDER, len(ORDER)):
             if variant == "allreduce":
                 if buffers:
                     samples.append(dict(variant=variant, round=rnd - cfg.warmup, **_allreduce_all(buffers, ctx)))
@@ -194,7 +203,8 @@ def _reset_peak(ctx: RankContext) -> None:
 
 
 def memory_job(ctx: RankContext, name: str, cap_mb: float, variant: str, as_view: bool, cfg: BenchConfig) -> dict:
-    """Peak memory of a few training iterations of one variant, above what model + inputs already hold."""
+    """Peak memory of one variant above what model + inputs hold: while wrapping and through the bucket
+    rebuild (first 2 iterations), and in steady state (the next ``memory_iters``)."""
     spec = input_spec(name, cfg.profile)
     inputs = make_inputs(name, spec, ctx.device, seed=cfg.seed * 1000 + ctx.rank)
     model = _fresh(name, ctx, cfg.seed)
@@ -208,12 +218,16 @@ def memory_job(ctx: RankContext, name: str, cap_mb: float, variant: str, as_view
     _reset_peak(ctx)
     wrapped = _wrap(variant, model, ctx, cap_mb, as_view)
     opt = torch.optim.SGD(wrapped.parameters(), lr=cfg.lr)
-    for _ in range(cfg.memory_iters):
-        _iteration(name, wrapped, opt, inputs, ctx)
-    ctx.synchronize()
-    _, peak = _memory_now(ctx)
-    grad_bytes = sum(p.numel() * p.element_size() for p in model.parameters())
-    return dict(rank=ctx.rank, peak_delta_mb=(peak - before) / MIB, param_mb=grad_bytes / MIB)
+    peaks = []
+    for iters in (2, cfg.memory_iters):
+        for _ in range(iters):
+            _iteration(name, wrapped, opt, inputs, ctx)
+        ctx.synchronize()
+        peaks.append(_memory_now(ctx)[1])
+        _reset_peak(ctx)
+    param_bytes = sum(p.numel() * p.element_size() for p in model.parameters())
+    return dict(rank=ctx.rank, startup_peak_mb=(peaks[0] - before) / MIB, peak_mb=(peaks[1] - before) / MIB,
+                param_mb=param_bytes / MIB)
 
 
 # ---------------------------------------------------------------------------------------------- parent side
@@ -240,6 +254,7 @@ def summarize_point(samples: pd.DataFrame) -> dict:
     boot = np.median(rounds["ours"].to_numpy()[idx], axis=1) / np.median(rounds["torch"].to_numpy()[idx], axis=1)
     backward = max(med.loc["local", "backward_ms"], lat["allreduce"])
     ideal = {v: med.loc[v, "forward_ms"] + backward + med.loc[v, "optimizer_ms"] for v in ("ours", "torch")}
+    cpu = samples.groupby("variant")["cpu_ms"].median()
     return dict(
         ours_ms=lat["ours"], torch_ms=lat["torch"], ratio=lat["ours"] / lat["torch"],
         ratio_p10=paired.quantile(0.1), ratio_p90=paired.quantile(0.9),
@@ -250,6 +265,7 @@ def summarize_point(samples: pd.DataFrame) -> dict:
         local_backward_ms=med.loc["local", "backward_ms"], allreduce_ms=lat["allreduce"], local_ms=lat["local"],
         ideal_ms_ours=ideal["ours"], ideal_ms_torch=ideal["torch"],
         ours_vs_ideal=lat["ours"] / ideal["ours"], torch_vs_ideal=lat["torch"] / ideal["torch"],
+        cpu_ms_ours=cpu["ours"], cpu_ms_torch=cpu["torch"], cpu_ratio=cpu["ours"] / cpu["torch"],
         rounds=len(rounds),
     )
 
@@ -268,9 +284,25 @@ def write_csv(df: pd.DataFrame, path: Path) -> None:
         raise
 
 
+@contextlib.contextmanager
+def _small_mmap_threshold():
+    """Spawned ranks get glibc's mmap threshold at 64 KiB, so a freed tensor's pages go back to the OS at once
+    and the resident set tracks live tensors (with the default, freed memory stays resident and peaks blur)."""
+    key, old = "MALLOC_MMAP_THRESHOLD_", os.environ.get("MALLOC_MMAP_THRESHOLD_")
+    os.environ[key] = "65536"
+    try:
+        yield
+    finally:
+        if old is None:
+            os.environ.pop(key, None)
+        else:
+            os.environ[key] = old
+
+
 def run_bench(cfg: BenchConfig) -> dict[str, pd.DataFrame]:
     """Run every point (and the memory jobs); write the CSVs after each; return the tables."""
     cfg = validate_bench(cfg)
+    writer = int(os.environ.get("RANK", 0)) == 0  # under torchrun every rank runs this; rank 0 writes
     out = Path(cfg.out) if cfg.out else results_root() / "bench"
     meta = dict(machine(), backend=cfg.backend, profile=cfg.profile, world_size=cfg.world_size)
     all_samples, summary, memory = [], [], []
@@ -291,27 +323,42 @@ def run_bench(cfg: BenchConfig) -> dict[str, pd.DataFrame]:
                                 num_params=info["num_params"],
                                 num_threads=info["num_threads"], load_before=load_before, load_after=_load(),
                                 point_seconds=time.monotonic() - t0, started_at=started, **meta))
-            write_csv(pd.concat(all_samples, ignore_index=True), out / "latency_samples.csv")
-            write_csv(pd.DataFrame(summary), out / "summary.csv")
-            print(f"[bench] {name} cap={cap:g} MB: ours/torch = {summary[-1]['ratio']:.3f}", file=sys.stderr)
+            if writer:
+                write_csv(pd.concat(all_samples, ignore_index=True), out / "latency_samples.csv")
+                write_csv(pd.DataFrame(summary), out / "summary.csv")
+                print(f"[bench] {name} cap={cap:g} MB: ours/torch = {summary[-1]['ratio']:.3f}", file=sys.stderr)
         if cfg.memory:
             for variant, as_view in MEMORY_VARIANTS:
-                ranks = launch(memory_job, cfg.world_size, cfg.backend, timeout_s=cfg.timeout_s,
-                               args=(name, cfg.memory_cap_mb, variant, as_view, cfg), threads=cfg.threads_per_rank)
+                with _small_mmap_threshold():
+                    ranks = launch(memory_job, cfg.world_size, cfg.backend, timeout_s=cfg.timeout_s,
+                                   args=(name, cfg.memory_cap_mb, variant, as_view, cfg),
+                                   threads=cfg.threads_per_rank)
                 memory.append(dict(model=name, bucket_cap_mb=cfg.memory_cap_mb, variant=variant,
                                    gradient_as_bucket_view=as_view,
-                                   peak_delta_mb=max(r["peak_delta_mb"] for r in ranks),
+                                   peak_mb=max(r["peak_mb"] for r in ranks),
+                                   startup_peak_mb=max(r["startup_peak_mb"] for r in ranks),
                                    param_mb=ranks[0]["param_mb"], iters=cfg.memory_iters,
                                    measure="cuda_max_memory_allocated" if cfg.backend == "nccl" else "peak_rss",
                                    load=_load(), **meta))
-            write_csv(pd.DataFrame(memory), out / "memory.csv")
-    return {"summary": pd.DataFrame(summary), "memory": pd.DataFrame(memory)}
+            if writer:
+                write_csv(_memory_frame(memory), out / "memory.csv")
+    return {"summary": pd.DataFrame(summary), "memory": _memory_frame(memory)}
+
+
+def _memory_frame(memory: list[dict]) -> pd.DataFrame:
+    """Rows plus ``ddp_extra_mb``: steady-state peak above the same model trained without DDP."""
+    df = pd.DataFrame(memory)
+    if len(df):
+        local = df[df["variant"] == "local"].set_index("model")["peak_mb"]
+        df.insert(df.columns.get_loc("peak_mb") + 1, "ddp_extra_mb", df["peak_mb"] - df["model"].map(local))
+    return df
 
 
 SUMMARY_COLUMNS = ["model", "bucket_cap_mb", "ours_ms", "torch_ms", "ratio", "ratio_p10", "ratio_p90",
-                   "ratio_ci_lo", "ratio_ci_hi", "ideal_ms_ours", "ours_vs_ideal", "ideal_ms_torch",
+                   "ratio_ci_lo", "ratio_ci_hi", "cpu_ratio", "ideal_ms_ours", "ours_vs_ideal", "ideal_ms_torch",
                    "torch_vs_ideal", "timing_overhead_pct", "load_before"]
-MEMORY_COLUMNS = ["model", "variant", "gradient_as_bucket_view", "peak_delta_mb", "param_mb", "measure"]
+MEMORY_COLUMNS = ["model", "variant", "gradient_as_bucket_view", "peak_mb", "ddp_extra_mb", "startup_peak_mb",
+                  "param_mb", "measure"]
 
 
 def format_tables(tables: dict[str, pd.DataFrame]) -> str:
@@ -326,7 +373,8 @@ def format_tables(tables: dict[str, pd.DataFrame]) -> str:
 def main(argv=None) -> int:
     cfg = parse_dataclass(BenchConfig, argv, prog="python -m harness.bench")
     tables = run_bench(cfg)
-    print(format_tables(tables))
+    if int(os.environ.get("RANK", 0)) == 0:
+        print(format_tables(tables))
     return 0
 
 

@@ -117,7 +117,8 @@ def resolve(cfg: PointConfig) -> PointConfig:
         changes["profile"] = "paper" if cuda_available() else "cpu"
     if cfg.backend == "auto":
         changes["backend"] = "nccl" if cuda_available() else "gloo"
-    if getattr(cfg, "net", "loopback") == "auto" and _auto_net_is_loopback(cfg, changes.get("backend", cfg.backend)):
+    if getattr(cfg, "net", "loopback") == "auto" and auto_net_is_loopback(
+            type(cfg).__name__, changes.get("backend", cfg.backend), cfg.world_size, getattr(cfg, "impl", "")):
         changes["net"] = "loopback"
     if isinstance(cfg, AllreduceConfig) and cfg.total_params == 0:
         profile = changes.get("profile", cfg.profile)
@@ -126,11 +127,12 @@ def resolve(cfg: PointConfig) -> PointConfig:
     return dataclasses.replace(cfg, **changes) if changes else cfg
 
 
-def _auto_net_is_loopback(cfg: PointConfig, backend: str) -> bool:
-    """``net='auto'`` emulates a network only for spawned CPU points that communicate and time it; with GPUs
-    (NCCL) or under torchrun the real interconnect is used, and convergence does not depend on time."""
-    return (backend == "nccl" or cuda_available() or "RANK" in os.environ or cfg.world_size == 1
-            or getattr(cfg, "impl", "") == "local" or not isinstance(cfg, (TrainConfig, AllreduceConfig)))
+def auto_net_is_loopback(point_type: str, backend: str, world_size: int, impl: str = "") -> bool:
+    """Where ``net='auto'`` means plain loopback: it emulates a network only for spawned CPU points that
+    communicate and time it; with GPUs (NCCL) or under torchrun the real interconnect is used, and
+    convergence does not depend on time."""
+    return (backend == "nccl" or cuda_available() or "RANK" in os.environ or world_size == 1 or impl == "local"
+            or point_type not in ("TrainConfig", "AllreduceConfig"))
 
 
 def _check_choice(name: str, value, choices) -> None:

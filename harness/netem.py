@@ -7,7 +7,8 @@ that is slower than memory and does not burn the compute's cores. ``net`` (a fie
     net = "loopback"     the machine's own loopback, no emulation (the harness default)
     net = "500mbit"      RATE: every rank gets a link of this bandwidth (units kbit, mbit, gbit, tbit; as tc)
     net = "auto"         the RATE at which allreducing the model's whole gradient once takes as long as its
-                         backward (the regime of the paper's Figure 2), measured here (see ``auto_rate``)
+                         backward (the regime of the paper's Figure 2), measured here on the point's ranks
+                         without DDP (see ``auto_rate``); cached per model/profile/batch/threads/ranks
 
 How: ``launch(..., net_rate_mbit=R)`` runs ``unshare -rn <python> -c <_helper> REQUEST RESULT``: a
 helper in a new user+network namespace brings its ``lo`` up, shapes it with
@@ -135,11 +136,11 @@ def _tbf_args(lo_rate_mbit: float) -> str:
 
 # --------------------------------------------------------------------------- auto
 
-_backward_cache: dict[tuple, dict] = {}  # (model, profile, batch_size, threads) -> {backward_ms, grad_bytes}
+_backward_cache: dict[tuple, dict] = {}  # (model, profile, batch, threads, ranks) -> {backward_ms, grad_bytes}
 
 
 def _time_backward(ctx, model_name: str, profile: str, batch_size: int) -> dict:
-    """One rank, no DDP: median backward time of ``model_name`` and its gradient bytes (a launch fn)."""
+    """One rank's backward times of ``model_name`` without DDP, and its gradient bytes (a launch fn)."""
     import time
 
     import torch
@@ -159,18 +160,20 @@ def _time_backward(ctx, model_name: str, profile: str, batch_size: int) -> dict:
         times.append((time.perf_counter() - t0) * 1e3)
         model.zero_grad(set_to_none=True)
     grad_bytes = sum(p.numel() * p.element_size() for p in model.parameters() if p.requires_grad)
-    measured = sorted(times[AUTO_WARMUP:])
-    return {"backward_ms": measured[len(measured) // 2], "grad_bytes": grad_bytes}
+    return {"times_ms": times[AUTO_WARMUP:], "grad_bytes": grad_bytes}
 
 
-def measure_backward(model: str, profile: str, batch_size: int, threads: int) -> dict:
-    """``{backward_ms, grad_bytes}`` of ``model`` on one spawned rank with ``threads`` threads (cached)."""
-    key = (model, profile, batch_size, threads)
+def measure_backward(model: str, profile: str, batch_size: int, threads: int, ranks: int) -> dict:
+    """``{backward_ms, grad_bytes}``: median backward of ``model`` over ``ranks`` spawned ranks computing at
+    once (no DDP, no communication) with ``threads`` threads each, so the cores are shared as in the run."""
+    key = (model, profile, batch_size, threads, ranks)
     if key not in _backward_cache:
         from harness.launch import launch
 
-        (_backward_cache[key],) = launch(_time_backward, 1, "gloo", args=(model, profile, batch_size),
-                                         threads=threads, timeout_s=600)
+        per_rank = launch(_time_backward, ranks, "gloo", args=(model, profile, batch_size), threads=threads,
+                          timeout_s=600)
+        times = sorted(t for r in per_rank for t in r["times_ms"])
+        _backward_cache[key] = {"backward_ms": times[len(times) // 2], "grad_bytes": per_rank[0]["grad_bytes"]}
     return _backward_cache[key]
 
 
@@ -178,16 +181,20 @@ def auto_rate(cfg) -> tuple[float, float]:
     """``(rate_mbit, backward_ms)`` for a resolved point with ``net='auto'``.
 
     rate = bus bytes / backward time, bus bytes = 2(n-1)/n x gradient bytes, so the ring allreduce of the
-    whole gradient at busbw = rate takes one backward. The backward is timed on one rank without DDP, with
-    the threads each of the point's ranks will use. Points without a ``model`` (allreduce microbenchmark) use
-    ResNet50 (``AUTO_MODEL``): Figure 2's ResNet50-sized allreduce then also takes about one backward.
+    whole gradient at busbw = rate takes one backward. The backward is timed without DDP on as many ranks
+    as the point runs on this machine, all computing at once with the point's threads per rank, because ranks
+    that share cores and memory bandwidth compute more slowly than one rank alone (on a loaded 2-core machine,
+    2 ranks took about twice as long). Points
+    without a ``model`` (allreduce microbenchmark) use ResNet50 (``AUTO_MODEL``): Figure 2's ResNet50-sized
+    allreduce then also takes about one backward.
     """
     from harness.config import ranks_on_this_node
     from harness.launch import threads_per_rank
 
     model = getattr(cfg, "model", AUTO_MODEL)
-    threads = threads_per_rank(ranks_on_this_node(cfg.world_size), cfg.threads_per_rank)
-    m = measure_backward(model, cfg.profile, getattr(cfg, "batch_size", 0), threads)
+    ranks = ranks_on_this_node(cfg.world_size)
+    threads = threads_per_rank(ranks, cfg.threads_per_rank)
+    m = measure_backward(model, cfg.profile, getattr(cfg, "batch_size", 0), threads, ranks)
     bus_bytes = 2 * (cfg.world_size - 1) / cfg.world_size * m["grad_bytes"]
     return bus_bytes * 8 / 1e6 / (m["backward_ms"] / 1e3), m["backward_ms"]
 

@@ -85,8 +85,8 @@ def test_auto_measures_records_and_caches_a_rate(monkeypatch):
 def test_auto_rate_formula_and_reference_model(monkeypatch):
     asked = []
 
-    def fake(model, profile, batch_size, threads):
-        asked.append((model, profile, batch_size, threads))
+    def fake(model, profile, batch_size, threads, ranks):
+        asked.append((model, profile, batch_size, threads, ranks))
         return {"backward_ms": 100.0, "grad_bytes": 100_000_000}
 
     monkeypatch.setattr(netem, "measure_backward", fake)
@@ -94,9 +94,9 @@ def test_auto_rate_formula_and_reference_model(monkeypatch):
     monkeypatch.setattr(netem, "require", lambda: None)
     rate, backward_ms = netem.point_rate(validate(AllreduceConfig(world_size=3, threads_per_rank=1, net="auto")))
     assert backward_ms == 100.0 and rate == pytest.approx(4 / 3 * 8e8 / 1e6 / 0.1)  # 2(n-1)/n x 800 Mbit / 0.1 s
-    assert asked == [("resnet50", "cpu", 0, 1)]  # allreduce points use ResNet50's backward
+    assert asked == [("resnet50", "cpu", 0, 1, 3)]  # allreduce points use ResNet50's backward, on 3 ranks
     netem.point_rate(validate(TrainConfig(model="bert-base", batch_size=3, world_size=2, net="auto")))
-    assert asked[-1] == ("bert-base", "cpu", 3, max(1, available_cores() // 2))  # the point's threads per rank
+    assert asked[-1] == ("bert-base", "cpu", 3, max(1, available_cores() // 2), 2)  # the point's threads, ranks
     rate, backward_ms = netem.point_rate(validate(TrainConfig(net="500mbit")))
     assert rate == 500.0 and math.isnan(backward_ms)
     assert netem.point_rate(validate(TrainConfig()))[0] is None  # loopback is the harness default
@@ -148,3 +148,20 @@ def test_launch_arguments_travel_as_json():
     assert netem._decode(encoded) == [cfg, (1, "a"), {"k": [1.5, None]}]
     with pytest.raises(TypeError, match="JSON"):
         netem._encode([object()])
+
+
+def test_drivers_never_mix_rows_of_different_networks(monkeypatch):
+    import pandas as pd
+
+    from experiments.common import ok_rows
+
+    monkeypatch.setattr(config, "cuda_available", lambda: False)
+    df = pd.DataFrame({
+        "point_id": ["emu", "plain", "one", "rate"], "point_type": ["TrainConfig"] * 4, "error": [""] * 4,
+        "net": ["auto", "loopback", "loopback", "1gbit"], "backend": ["gloo"] * 4, "world_size": [2, 2, 1, 2],
+        "impl": ["ours"] * 4,
+    })
+    assert list(ok_rows(df, net="auto")["point_id"]) == ["emu", "one"]  # one rank: auto means loopback
+    assert list(ok_rows(df, net="loopback")["point_id"]) == ["plain", "one"]
+    assert list(ok_rows(df, net="1gbit")["point_id"]) == ["rate"]
+    assert len(ok_rows(df)) == 4
