@@ -5,7 +5,7 @@
     torchrun ... -m experiments fig9 --world_sizes=32 --profile=paper   (one job per world size; each job
                                                 stores the points of its own WORLD_SIZE)
 
-The per-rank batch is fixed, so ideal scaling is a flat line. On one CPU machine more ranks also share the
+The per-rank batch and threads are fixed, so ideal scaling is a flat line. On one CPU machine more ranks also share the
 same cores, so latency grows with compute contention as well as communication; the caption says so.
 """
 from __future__ import annotations
@@ -34,6 +34,7 @@ class Config:
     profile: str = "auto"
     iters: int = 10
     warmup: int = 2
+    threads_per_rank: int = 1  # fixed, so every world size does the same compute per rank (0 = cores // ranks)
     net: str = "auto"  # emulated link per rank on CPU-only machines (harness/README.md); loopback = none
 
 
@@ -42,7 +43,8 @@ def points(cfg: Config) -> list[TrainConfig]:
     for n in cfg.world_sizes:
         backends, _ = common.split_backends(cfg.backends, n)
         out += [TrainConfig(model=m, impl=cfg.impl, profile=cfg.profile, backend=b, world_size=n,
-                            bucket_cap_mb=cfg.bucket_cap_mb, iters=cfg.iters, warmup=cfg.warmup, net=cfg.net)
+                            bucket_cap_mb=cfg.bucket_cap_mb, iters=cfg.iters, warmup=cfg.warmup, net=cfg.net,
+                            threads_per_rank=cfg.threads_per_rank)
                 for m in cfg.models for b in backends]
     return out
 
