@@ -67,6 +67,7 @@ def plot(df, cfg: Config):
                 continue
             common.median_lines(ax, sel, "world_size", "total_ms", "impl", label=lambda k: f"DDP ({k})")
             ax.set_ylim(bottom=0)
+            ax.set_xticks(sorted(int(n) for n in sel["world_size"].unique()))
             ax.set_title(f"{model} / {backend}", fontsize=10)
             ax.set_xlabel("ranks (fixed batch per rank)")
             ax.set_ylabel("per-iteration latency (ms)")

@@ -68,6 +68,7 @@ def plot(df, cfg: Config):
             common.median_lines(ax, sel, "world_size", "total_ms", "sync_every", label=lambda n: f"n = {n}",
                                 agg="mean")
             ax.set_ylim(bottom=0)
+            ax.set_xticks(sorted(int(n) for n in sel["world_size"].unique()))
             ax.set_title(f"{model} / {backend}", fontsize=10)
             ax.set_xlabel("ranks")
             ax.set_ylabel("average latency per iteration (ms)")
