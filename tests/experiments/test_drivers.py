@@ -51,6 +51,7 @@ def test_driver_end_to_end(name, results_dir, monkeypatch):
 
 def test_plots_redraws_from_stored_csvs_without_running(results_dir, monkeypatch):
     monkeypatch.setenv("DDP_REPRO_RESULTS", str(results_dir))
+    assert main(["fig7", *TINY["fig7"], *COMMON]) == 0  # stored already when the tests above ran
     png = results_dir / "figures" / "fig7.png"
     png.unlink()
     monkeypatch.setattr("harness.sweep.run_point", lambda *a, **k: pytest.fail("plots must not run points"))
