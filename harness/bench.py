@@ -18,7 +18,7 @@ Warmup rounds come first (both DDPs rebuild their buckets after their first iter
 
 A round's latency is the slowest rank's. Per point: median latency of each variant; ``ratio`` = median
 ours / median torch with ``ratio_p10/p90`` (spread of the per-round paired ratios) and a bootstrap 95% CI of
-the ratio of medians; the ideal bound forward + max(local backward, allreduce) + optimizer (each impl's own
+the ratio of medians; ``paired_ratio``, the median of the per-round ratios, with its bootstrap 95% CI; the ideal bound forward + max(local backward, allreduce) + optimizer (each impl's own
 medians) and ``measured / ideal``; the instrumentation overhead ours / ours_notiming - 1.
 ``cpu_ms`` (CPU time of all of a rank's threads) is recorded too: unlike wall time it barely moves when other
 processes share the cores.
@@ -77,7 +77,7 @@ class BenchConfig:
     memory_cap_mb: float = 25.0
     memory_iters: int = 3
     threads_per_rank: int = 0  # 0 = cores // ranks
-    lr: float = 0.01
+    lr: float = 0.0  # SGD still does its full update, but every model keeps the same weights: same work each round
     seed: int = 0
     out: str = ""  # default <results>/bench
     timeout_s: float = 600.0
@@ -248,10 +248,11 @@ def summarize_point(samples: pd.DataFrame) -> dict:
     rounds = samples.groupby(["variant", "round"])["total_ms"].max().unstack("variant")  # slowest rank
     med = samples.groupby("variant")[["forward_ms", "backward_ms", "optimizer_ms"]].median()
     lat = rounds.median()
-    paired = rounds["ours"] / rounds["torch"]
+    paired = rounds["ours"] / rounds["torch"]  # same round: robust when the machine's load drifts between rounds
     rng = np.random.default_rng(0)
     idx = rng.integers(0, len(rounds), size=(2000, len(rounds)))
     boot = np.median(rounds["ours"].to_numpy()[idx], axis=1) / np.median(rounds["torch"].to_numpy()[idx], axis=1)
+    boot_paired = np.median(paired.to_numpy()[idx], axis=1)
     backward = max(med.loc["local", "backward_ms"], lat["allreduce"])
     ideal = {v: med.loc[v, "forward_ms"] + backward + med.loc[v, "optimizer_ms"] for v in ("ours", "torch")}
     cpu = samples.groupby("variant")["cpu_ms"].median()
@@ -259,6 +260,8 @@ def summarize_point(samples: pd.DataFrame) -> dict:
         ours_ms=lat["ours"], torch_ms=lat["torch"], ratio=lat["ours"] / lat["torch"],
         ratio_p10=paired.quantile(0.1), ratio_p90=paired.quantile(0.9),
         ratio_ci_lo=np.quantile(boot, 0.025), ratio_ci_hi=np.quantile(boot, 0.975),
+        paired_ratio=paired.median(), paired_ci_lo=np.quantile(boot_paired, 0.025),
+        paired_ci_hi=np.quantile(boot_paired, 0.975),
         ours_notiming_ms=lat["ours_notiming"], timing_overhead_pct=(lat["ours"] / lat["ours_notiming"] - 1) * 100,
         forward_ms_ours=med.loc["ours", "forward_ms"], forward_ms_torch=med.loc["torch", "forward_ms"],
         optimizer_ms_ours=med.loc["ours", "optimizer_ms"], optimizer_ms_torch=med.loc["torch", "optimizer_ms"],
@@ -355,8 +358,8 @@ def _memory_frame(memory: list[dict]) -> pd.DataFrame:
 
 
 SUMMARY_COLUMNS = ["model", "bucket_cap_mb", "ours_ms", "torch_ms", "ratio", "ratio_p10", "ratio_p90",
-                   "ratio_ci_lo", "ratio_ci_hi", "cpu_ratio", "ideal_ms_ours", "ours_vs_ideal", "ideal_ms_torch",
-                   "torch_vs_ideal", "timing_overhead_pct", "load_before"]
+                   "ratio_ci_lo", "ratio_ci_hi", "paired_ratio", "cpu_ratio", "ideal_ms_ours", "ours_vs_ideal",
+                   "ideal_ms_torch", "torch_vs_ideal", "timing_overhead_pct", "load_before"]
 MEMORY_COLUMNS = ["model", "variant", "gradient_as_bucket_view", "peak_mb", "ddp_extra_mb", "startup_peak_mb",
                   "param_mb", "measure"]
 

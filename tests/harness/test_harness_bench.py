@@ -20,8 +20,8 @@ def test_bench_cli_tiny(tmp_path):
     assert list(summary["bucket_cap_mb"]) == [1.0, 25.0] and set(summary["model"]) == {"small"}
     assert set(SUMMARY_COLUMNS) <= set(summary.columns)
     for col in ("ours_ms", "torch_ms", "ours_notiming_ms", "ideal_ms_ours", "ideal_ms_torch", "local_backward_ms",
-                "allreduce_ms", "ratio", "ratio_p10", "ratio_p90", "ratio_ci_lo", "ratio_ci_hi", "ours_vs_ideal",
-                "torch_vs_ideal"):
+                "allreduce_ms", "ratio", "ratio_p10", "ratio_p90", "ratio_ci_lo", "ratio_ci_hi", "paired_ratio",
+                "cpu_ratio", "ours_vs_ideal", "torch_vs_ideal"):
         assert all(math.isfinite(v) and v > 0 for v in summary[col]), col
     assert (summary["ratio_ci_lo"] <= summary["ratio_ci_hi"]).all()
     assert (summary["rounds"] == 3).all() and summary["same_buckets"].all()
