@@ -80,6 +80,21 @@ def grid(rows: list[str], cols: list[str], width: float = 4.2, height: float = 3
     return fig, axes
 
 
+def model_backend_panels(ok: pd.DataFrame, models, backends, unavailable: dict, draw):
+    """One panel per (model, backend): ``draw(ax, rows, model, backend)``, or a panel saying why it is empty."""
+    fig, axes = grid(list(models), list(backends))
+    for r, model in enumerate(models):
+        for c, backend in enumerate(backends):
+            ax = axes[r][c]
+            sel = ok[(ok["model"] == model) & (ok["backend"] == backend)]
+            if backend in unavailable or sel.empty:
+                mark_unavailable(ax, unavailable.get(backend, f"no results for {model} / {backend}"))
+                continue
+            ax.set_title(f"{model} / {backend}", fontsize=10)
+            draw(ax, sel, model, backend)
+    return fig
+
+
 def mark_unavailable(ax, text: str) -> None:
     """A panel that says plainly why it holds no data, instead of leaving it blank or faking it."""
     ax.set_facecolor(UNAVAILABLE_COLOR)

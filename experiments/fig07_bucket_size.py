@@ -62,22 +62,18 @@ def draw(df, cfg: Config, name: str, paper: dict):
     ok = common.ok_rows(df, net=cfg.net)
     ok = ok[ok["world_size"] == cfg.world_size]
     _, unavailable = common.split_backends(cfg.backends, cfg.world_size)
-    fig, axes = common.grid(list(cfg.models), list(cfg.backends))
-    for r, model in enumerate(cfg.models):
-        for c, backend in enumerate(cfg.backends):
-            ax = axes[r][c]
-            sel = ok[(ok["model"] == model) & (ok["backend"] == backend)]
-            if backend in unavailable or sel.empty:
-                common.mark_unavailable(ax, unavailable.get(backend, f"no results for {model} / {backend}"))
-                continue
-            caps = sorted(sel["bucket_cap_mb"].unique())
-            ax.boxplot([sel.loc[sel["bucket_cap_mb"] == cap, "total_ms"] for cap in caps],
-                       tick_labels=[common.fmt_mb(cap) for cap in caps], showfliers=False)
-            grad_mb = sel["num_params"].iloc[0] * 4 / 2**20
-            ax.set_title(f"{model} / {backend} (gradients: {grad_mb:.3g} MB)", fontsize=10)
-            ax.set_xlabel("bucket cap (MB); 0 = one bucket per parameter")
-            ax.set_ylabel("per-iteration latency (ms)")
-            ax.grid(axis="y", alpha=0.3)
+
+    def draw(ax, sel, model, backend):
+        caps = sorted(sel["bucket_cap_mb"].unique())
+        ax.boxplot([sel.loc[sel["bucket_cap_mb"] == cap, "total_ms"] for cap in caps],
+                   tick_labels=[common.fmt_mb(cap) for cap in caps], showfliers=False)
+        grad_mb = sel["num_params"].iloc[0] * 4 / 2**20
+        ax.set_title(f"{model} / {backend} (gradients: {grad_mb:.3g} MB)", fontsize=10)
+        ax.set_xlabel("bucket cap (MB); 0 = one bucket per parameter")
+        ax.set_ylabel("per-iteration latency (ms)")
+        ax.grid(axis="y", alpha=0.3)
+
+    fig = common.model_backend_panels(ok, cfg.models, cfg.backends, unavailable, draw)
     common.title(fig, f"Figure {name[3:]}: per-iteration latency vs bucket size, {cfg.world_size} ranks",
                  f"{paper['setup']}; {paper['claim']}")
     common.caption(fig, common.describe_setup(ok))

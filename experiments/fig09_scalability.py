@@ -57,21 +57,16 @@ def _selected(df, cfg: Config):
 def plot(df, cfg: Config):
     ok = _selected(df, cfg)
     _, unavailable = common.split_backends(cfg.backends, max(cfg.world_sizes))
-    fig, axes = common.grid(list(cfg.models), list(cfg.backends))
-    for r, model in enumerate(cfg.models):
-        for c, backend in enumerate(cfg.backends):
-            ax = axes[r][c]
-            sel = ok[(ok["model"] == model) & (ok["backend"] == backend)]
-            if sel.empty:
-                common.mark_unavailable(ax, unavailable.get(backend, f"no results for {model} / {backend}"))
-                continue
-            common.median_lines(ax, sel, "world_size", "total_ms", "impl", label=lambda k: f"DDP ({k})")
-            ax.set_ylim(bottom=0)
-            ax.set_xticks(sorted(int(n) for n in sel["world_size"].unique()))
-            ax.set_title(f"{model} / {backend}", fontsize=10)
-            ax.set_xlabel("ranks (fixed batch per rank)")
-            ax.set_ylabel("per-iteration latency (ms)")
-            ax.legend(fontsize=8)
+
+    def draw(ax, sel, model, backend):
+        common.median_lines(ax, sel, "world_size", "total_ms", "impl", label=lambda k: f"DDP ({k})")
+        ax.set_ylim(bottom=0)
+        ax.set_xticks(sorted(int(n) for n in sel["world_size"].unique()))
+        ax.set_xlabel("ranks (fixed batch and threads per rank)")
+        ax.set_ylabel("per-iteration latency (ms)")
+        ax.legend(fontsize=8)
+
+    fig = common.model_backend_panels(ok, cfg.models, cfg.backends, unavailable, draw)
     common.title(fig, "Figure 9: latency vs number of ranks (weak scaling)", f"{PAPER['setup']}; {PAPER['claim']}")
     common.caption(fig, common.describe_setup(ok) + ". On one machine, ranks also share its CPU cores.")
     fig.tight_layout(rect=(0, 0.04, 1, 0.93))

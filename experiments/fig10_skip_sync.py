@@ -57,22 +57,16 @@ def _selected(df, cfg: Config):
 def plot(df, cfg: Config):
     ok = _selected(df, cfg)
     _, unavailable = common.split_backends(cfg.backends, max(cfg.world_sizes))
-    fig, axes = common.grid(list(cfg.models), list(cfg.backends))
-    for r, model in enumerate(cfg.models):
-        for c, backend in enumerate(cfg.backends):
-            ax = axes[r][c]
-            sel = ok[(ok["model"] == model) & (ok["backend"] == backend)]
-            if sel.empty:
-                common.mark_unavailable(ax, unavailable.get(backend, f"no results for {model} / {backend}"))
-                continue
-            common.median_lines(ax, sel, "world_size", "total_ms", "sync_every", label=lambda n: f"n = {n}",
-                                agg="mean")
-            ax.set_ylim(bottom=0)
-            ax.set_xticks(sorted(int(n) for n in sel["world_size"].unique()))
-            ax.set_title(f"{model} / {backend}", fontsize=10)
-            ax.set_xlabel("ranks")
-            ax.set_ylabel("average latency per iteration (ms)")
-            ax.legend(fontsize=8, title="sync every", title_fontsize=8)
+
+    def draw(ax, sel, model, backend):
+        common.median_lines(ax, sel, "world_size", "total_ms", "sync_every", label=lambda n: f"n = {n}", agg="mean")
+        ax.set_ylim(bottom=0)
+        ax.set_xticks(sorted(int(n) for n in sel["world_size"].unique()))
+        ax.set_xlabel("ranks")
+        ax.set_ylabel("average latency per iteration (ms)")
+        ax.legend(fontsize=8, title="sync every", title_fontsize=8)
+
+    fig = common.model_backend_panels(ok, cfg.models, cfg.backends, unavailable, draw)
     common.title(fig, "Figure 10: skipping gradient synchronization", f"{PAPER['setup']}; {PAPER['claim']}")
     common.caption(fig, common.describe_setup(ok))
     fig.tight_layout(rect=(0, 0.04, 1, 0.93))

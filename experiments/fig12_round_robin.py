@@ -53,21 +53,16 @@ def _selected(df, cfg: Config):
 def plot(df, cfg: Config):
     ok = _selected(df, cfg)
     _, unavailable = common.split_backends(cfg.backends, cfg.world_size)
-    fig, axes = common.grid(list(cfg.models), list(cfg.backends))
-    for r, model in enumerate(cfg.models):
-        for c, backend in enumerate(cfg.backends):
-            ax = axes[r][c]
-            sel = ok[(ok["model"] == model) & (ok["backend"] == backend)]
-            if sel.empty:
-                common.mark_unavailable(ax, unavailable.get(backend, f"no results for {model} / {backend}"))
-                continue
-            ks = sorted(sel["round_robin_groups"].unique())
-            ax.boxplot([sel.loc[sel["round_robin_groups"] == k, "total_ms"] for k in ks],
-                       tick_labels=[str(k) for k in ks], showfliers=False)
-            ax.set_title(f"{model} / {backend}", fontsize=10)
-            ax.set_xlabel("round-robin process groups (k)")
-            ax.set_ylabel("per-iteration latency (ms)")
-            ax.grid(axis="y", alpha=0.3)
+
+    def draw(ax, sel, model, backend):
+        ks = sorted(sel["round_robin_groups"].unique())
+        ax.boxplot([sel.loc[sel["round_robin_groups"] == k, "total_ms"] for k in ks],
+                   tick_labels=[str(k) for k in ks], showfliers=False)
+        ax.set_xlabel("round-robin process groups (k)")
+        ax.set_ylabel("per-iteration latency (ms)")
+        ax.grid(axis="y", alpha=0.3)
+
+    fig = common.model_backend_panels(ok, cfg.models, cfg.backends, unavailable, draw)
     common.title(fig, f"Figure 12: round-robin process groups, {cfg.world_size} ranks",
                  f"{PAPER['setup']}; {PAPER['claim']}")
     common.caption(fig, common.describe_setup(ok))

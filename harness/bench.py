@@ -18,8 +18,9 @@ Warmup rounds come first (both DDPs rebuild their buckets after their first iter
 
 A round's latency is the slowest rank's. Per point: median latency of each variant; ``ratio`` = median
 ours / median torch with ``ratio_p10/p90`` (spread of the per-round paired ratios) and a bootstrap 95% CI of
-the ratio of medians; ``paired_ratio``, the median of the per-round ratios, with its bootstrap 95% CI; the ideal bound forward + max(local backward, allreduce) + optimizer (each impl's own
-medians) and ``measured / ideal``; the instrumentation overhead ours / ours_notiming - 1.
+the ratio of medians; ``paired_ratio``, the median of the per-round ratios, with its bootstrap 95% CI; the
+ideal bound forward + max(local backward, allreduce) + optimizer (each impl's own medians) and
+``measured / ideal``; the instrumentation overhead ours / ours_notiming - 1.
 ``cpu_ms`` (CPU time of all of a rank's threads) is recorded too: unlike wall time it barely moves when other
 processes share the cores.
 Memory (``--memory``): one job per (model, variant), so allocators are not shared. Peak bytes above what the

@@ -69,7 +69,7 @@ def check_dataset(name: str, data_dir: str = "") -> None:
         if not folder.is_dir():
             raise ValueError(
                 f"CIFAR-10 not found: {folder} does not exist. Pass data_dir= a directory that already holds "
-                f"torchvision's {CIFAR_FOLDER}/ (e.g. made by torchvision.datasets.CIFAR10(root, download=True) "
+                f"torchvision's {CIFAR_FOLDER}/ (as torchvision's CIFAR10 dataset class leaves it after fetching it "
                 "on a machine with internet access); this suite never downloads data")
 
 
