@@ -25,7 +25,7 @@ from torch.autograd import Variable
 
 from .buckets import Bucket, ParamSpec, assign_buckets
 from .process_groups import RoundRobinProcessGroup
-from .timing import HostClock, IterationTiming
+from .timing import IterationTiming
 
 
 class Reducer:
@@ -176,14 +176,7 @@ class Reducer:
         timing = self.timing
         if timing is not None:
             timing.bucket_launch[b] = timing.clock.stamp()
-        fut = self.comm_hook(self._group_for(b), self.flats[b])
-        if timing is not None:
-            if timing.clock is HostClock:  # completion time of the collective itself
-                def stamp_finish(f, b=b):
-                    timing.bucket_finish[b] = timing.clock.stamp()
-                    return f.value()
-                fut = fut.then(stamp_finish)
-        self._futures[b] = fut
+        self._futures[b] = self.comm_hook(self._group_for(b), self.flats[b])
 
     def _finalize(self) -> None:
         """Runs once autograd has finished: wait for the buckets, write the averages back to ``.grad``."""
@@ -197,7 +190,11 @@ class Reducer:
         if not self.overlap and all(p == 0 for p in self._pending):
             self._launch_ready()
         self.missing = [] if all(self._ready) else [n for n, ready in zip(self.names, self._ready) if not ready]
-        values = [None if f is None else f.wait() for f in self._futures]
+        values = []
+        for b, f in enumerate(self._futures):  # finish = when finalize sees it done: no callback per bucket
+            values.append(None if f is None else f.wait())  # on the comm thread (measured ~1% slower)
+            if timing is not None and f is not None:
+                timing.bucket_finish[b] = timing.clock.stamp()
         self._futures = []  # their values hold the buckets; do not keep them alive past this iteration
         if self.missing:
             return  # the launched buckets finished on every rank; the next forward reports the missing ones
@@ -208,8 +205,6 @@ class Reducer:
                 flat.copy_(value)
         if timing is not None:
             timing.comm_end = timing.clock.stamp()
-            if timing.clock is not HostClock:
-                timing.bucket_finish = [timing.comm_end] * len(self.buckets)
         unused_everywhere = set()
         if self._used_work is not None:
             self._used_work.wait()

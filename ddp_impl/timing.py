@@ -1,7 +1,9 @@
 """Per-iteration instrumentation, cheap enough to leave on.
 
 Stamps are taken at forward start and end, backward start (the first gradient reaching a module output), the end
-of backward (autograd done), each bucket's launch and finish, and the end of communication. On CPU a stamp is
+of backward (autograd done), each bucket's launch, each bucket's finish as seen by the end-of-backward wait (a
+bucket done during backward reads as done at backward's end: stamping on the communication thread instead costs
+a Python callback per bucket, ~1% of a ResNet50 iteration on CPU), and the end of communication. On CPU a stamp is
 the host clock; on CUDA it is an event on the current stream, resolved only when the numbers are asked for.
 Derived fields follow torch's DDP logging data (``forward_compute_time``, ``backward_compute_time``,
 ``backward_comm_time``, ``backward_compute_comm_overlap_time``; comm starts when the first bucket is launched),
