@@ -1,6 +1,6 @@
 """Figure 6: per-iteration latency breakdown, overlapping vs non-overlapping communication (paper Section 5.1).
 
-    make fig6                                   CPU default: Gloo, 2 ranks, `cpu` profile (~4 min + setup)
+    make fig6                                   CPU default: Gloo, 2 ranks, `cpu` profile (~2 min + setup)
     python -m experiments fig6 --models=resnet50 --bucket_cap_mb=10
     torchrun --nproc-per-node=8 --nnodes=4 ... -m experiments fig6 --world_size=32 --profile=paper
 

@@ -1,6 +1,6 @@
 """Figure 9: per-iteration latency vs number of ranks, weak scaling (paper Section 5.3, up to 256 GPUs).
 
-    make fig9                                   CPU default: Gloo, 1, 2 and 4 ranks (~6 min + setup)
+    make fig9                                   CPU default: Gloo, 1, 2 and 4 ranks (~3 min + setup)
     make fig9 ARGS="--world_sizes=1,2,3 --models=resnet50"
     torchrun ... -m experiments fig9 --world_sizes=32 --profile=paper   (one job per world size; each job
                                                 stores the points of its own WORLD_SIZE)

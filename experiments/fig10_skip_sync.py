@@ -1,6 +1,6 @@
 """Figure 10: skipping gradient synchronization with no_sync, every n = 1, 2, 4, 8 iterations (Section 5.4).
 
-    make fig10                                  CPU default: Gloo, 2 and 4 ranks (~8 min + setup)
+    make fig10                                  CPU default: Gloo, 2 and 4 ranks (~7 min + setup)
     make fig10 ARGS="--sync_every=1,4 --world_sizes=2"
     torchrun ... -m experiments fig10 --world_sizes=32 --profile=paper
 

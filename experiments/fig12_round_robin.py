@@ -1,6 +1,6 @@
 """Figure 12: round-robin process groups, k = 1, 3, 5 underlying groups (paper Section 5.5).
 
-    make fig12                                  CPU default: Gloo, 2 ranks (~4 min + setup)
+    make fig12                                  CPU default: Gloo, 2 ranks (~2-3 min + setup)
     make fig12 ARGS="--groups=1,2,4 --world_size=4"
     torchrun ... -m experiments fig12 --world_size=32 --profile=paper
 
