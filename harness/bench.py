@@ -9,6 +9,9 @@ one in torch's DDP and one in ours (same ``bucket_cap_mb``); a third copy stays 
 runs, on the same inputs and after a barrier, one iteration (forward+loss, backward, SGD step + zero_grad) of
     torch       torch.nn.parallel.DistributedDataParallel
     ours        ddp_impl.DistributedDataParallel, instrumentation on (the default the suite uses)
+    torch_b     a second torch DDP copy, built after ours: the A/A control. Two identical copies of one model
+                can differ by ~5% for the whole run (BERT-base on CPU: where their tensors landed in memory),
+                which is more than the difference being measured
     ours_notiming   the same object with ``timing = False``
     local       the unwrapped copy: backward compute with no DDP at all
     allreduce   async allreduces of zero buffers of our bucket sizes, back to back, then wait for all
@@ -18,7 +21,9 @@ Warmup rounds come first (both DDPs rebuild their buckets after their first iter
 
 A round's latency is the slowest rank's. Per point: median latency of each variant; ``ratio`` = median
 ours / median torch with ``ratio_p10/p90`` (spread of the per-round paired ratios) and a bootstrap 95% CI of
-the ratio of medians; ``paired_ratio``, the median of the per-round ratios, with its bootstrap 95% CI; the
+the ratio of medians; ``paired_ratio``, the median of the per-round ratios, with its bootstrap 95% CI;
+``aa_ratio`` = median torch_b / median torch (what two identical DDPs differ by: the resolution of ``ratio``)
+and ``ratio_both`` = median ours / mean of the two torch medians (built before and after ours); the
 ideal bound forward + max(local backward, allreduce) + optimizer (each impl's own medians) and
 ``measured / ideal``; the instrumentation overhead ours / ours_notiming - 1.
 ``cpu_ms`` (CPU time of all of a rank's threads) is recorded too: unlike wall time it barely moves when other
@@ -58,7 +63,7 @@ from harness.models import build_model, compute_loss, input_spec, make_inputs
 from harness.results import git_commit, results_root
 
 MIB = 1024 * 1024
-ORDER = ("torch", "ours", "ours_notiming", "local", "allreduce")
+ORDER = ("torch", "ours", "ours_notiming", "torch_b", "local", "allreduce")
 MEMORY_VARIANTS = (("local", False), ("ours", False), ("ours", True), ("torch", False), ("torch", True))
 
 
@@ -161,9 +166,10 @@ def latency_job(ctx: RankContext, name: str, cap_mb: float, cfg: BenchConfig) ->
     inputs = make_inputs(name, spec, ctx.device, seed=cfg.seed * 1000 + ctx.rank)
     theirs = _wrap("torch", _fresh(name, ctx, cfg.seed), ctx, cap_mb)
     ours = _wrap("ours", _fresh(name, ctx, cfg.seed), ctx, cap_mb)
+    theirs_b = _wrap("torch", _fresh(name, ctx, cfg.seed), ctx, cap_mb)
     local = _fresh(name, ctx, cfg.seed)
-    opts = {m: torch.optim.SGD(m.parameters(), lr=cfg.lr) for m in (theirs, ours, local)}
-    models = {"torch": theirs, "ours": ours, "ours_notiming": ours, "local": local}
+    opts = {m: torch.optim.SGD(m.parameters(), lr=cfg.lr) for m in (theirs, ours, theirs_b, local)}
+    models = {"torch": theirs, "ours": ours, "ours_notiming": ours, "torch_b": theirs_b, "local": local}
     buffers: list[torch.Tensor] = []
     samples = []
     for rnd in range(cfg.warmup + cfg.iters):
@@ -259,6 +265,8 @@ def summarize_point(samples: pd.DataFrame) -> dict:
     cpu = samples.groupby("variant")["cpu_ms"].median()
     return dict(
         ours_ms=lat["ours"], torch_ms=lat["torch"], ratio=lat["ours"] / lat["torch"],
+        torch_b_ms=lat["torch_b"], aa_ratio=lat["torch_b"] / lat["torch"],
+        ratio_both=lat["ours"] / ((lat["torch"] + lat["torch_b"]) / 2),
         ratio_p10=paired.quantile(0.1), ratio_p90=paired.quantile(0.9),
         ratio_ci_lo=np.quantile(boot, 0.025), ratio_ci_hi=np.quantile(boot, 0.975),
         paired_ratio=paired.median(), paired_ci_lo=np.quantile(boot_paired, 0.025),
@@ -359,7 +367,7 @@ def _memory_frame(memory: list[dict]) -> pd.DataFrame:
 
 
 SUMMARY_COLUMNS = ["model", "bucket_cap_mb", "ours_ms", "torch_ms", "ratio", "ratio_p10", "ratio_p90",
-                   "ratio_ci_lo", "ratio_ci_hi", "paired_ratio", "cpu_ratio", "ideal_ms_ours", "ours_vs_ideal",
+                   "ratio_ci_lo", "ratio_ci_hi", "paired_ratio", "aa_ratio", "ratio_both", "cpu_ratio", "ideal_ms_ours", "ours_vs_ideal",
                    "ideal_ms_torch", "torch_vs_ideal", "timing_overhead_pct", "load_before"]
 MEMORY_COLUMNS = ["model", "variant", "gradient_as_bucket_view", "peak_mb", "ddp_extra_mb", "startup_peak_mb",
                   "param_mb", "measure"]

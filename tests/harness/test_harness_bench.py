@@ -21,7 +21,7 @@ def test_bench_cli_tiny(tmp_path):
     assert set(SUMMARY_COLUMNS) <= set(summary.columns)
     for col in ("ours_ms", "torch_ms", "ours_notiming_ms", "ideal_ms_ours", "ideal_ms_torch", "local_backward_ms",
                 "allreduce_ms", "ratio", "ratio_p10", "ratio_p90", "ratio_ci_lo", "ratio_ci_hi", "paired_ratio",
-                "cpu_ratio", "ours_vs_ideal", "torch_vs_ideal"):
+                "cpu_ratio", "ours_vs_ideal", "torch_vs_ideal", "torch_b_ms", "aa_ratio", "ratio_both"):
         assert all(math.isfinite(v) and v > 0 for v in summary[col]), col
     assert (summary["ratio_ci_lo"] <= summary["ratio_ci_hi"]).all()
     assert (summary["rounds"] == 3).all() and summary["same_buckets"].all()
@@ -29,7 +29,7 @@ def test_bench_cli_tiny(tmp_path):
 
     samples = pd.read_csv(out / "latency_samples.csv")
     counts = samples.groupby(["bucket_cap_mb", "variant"]).size()
-    assert set(samples["variant"]) == {"torch", "ours", "ours_notiming", "local", "allreduce"}
+    assert set(samples["variant"]) == {"torch", "ours", "ours_notiming", "torch_b", "local", "allreduce"}
     assert (counts == 2 * 3).all()  # 2 ranks x 3 rounds, every variant, every cap
 
     memory = pd.read_csv(out / "memory.csv")
