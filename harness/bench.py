@@ -5,7 +5,7 @@
     python -m harness.bench --help                               # every option (BenchConfig fields)
 
 One spawned job per (model, cap) point. Each rank builds identical copies of the model (same seed) and wraps
-one in torch's DDP and one in ours (same ``bucket_cap_mb``); a third copy stays unwrapped. Every *round*
+one in torch's DDP, one in ours (same ``bucket_cap_mb``) and one more in torch's; a fourth stays unwrapped. Every *round*
 runs, on the same inputs and after a barrier, one iteration (forward+loss, backward, SGD step + zero_grad) of
     torch       torch.nn.parallel.DistributedDataParallel
     ours        ddp_impl.DistributedDataParallel, instrumentation on (the default the suite uses)
