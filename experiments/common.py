@@ -108,7 +108,9 @@ def caption(fig, text: str) -> None:
 
 
 def title(fig, text: str, paper: str) -> None:
-    fig.suptitle(f"{text}\npaper: {paper}", fontsize=10)
+    """Figure title plus the paper's claim, wrapped to the figure's width (a wider title widens saved figures)."""
+    chars = max(60, int(fig.get_figwidth() * 14))  # ~14 characters per inch at 10 pt
+    fig.suptitle("\n".join([text] + textwrap.wrap(f"paper: {paper}", chars)), fontsize=10)
 
 
 def describe_setup(df: pd.DataFrame) -> str:
