@@ -3,8 +3,8 @@
 One process group runs its collectives on one communicator, which caps how many allreduces proceed at once. The
 paper's ``ProcessGroupRoundRobin`` dispatches consecutive collectives to k underlying groups so buckets can be
 in flight concurrently. torch later removed that class; this is our own small version: bucket i's allreduce
-goes to group ``i mod k`` (consecutive buckets on different groups, identically on every rank), and everything else (broadcasts, the unused-parameter bitmap) uses
-the first group.
+goes to group ``i mod k`` (consecutive buckets on different groups, identically on every rank), and
+everything else (broadcasts, the unused-parameter bitmap) uses the first group.
 """
 from __future__ import annotations
 

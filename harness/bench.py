@@ -5,8 +5,9 @@
     python -m harness.bench --help                               # every option (BenchConfig fields)
 
 One spawned job per (model, cap) point. Each rank builds identical copies of the model (same seed) and wraps
-one in torch's DDP, one in ours (same ``bucket_cap_mb``) and one more in torch's; a fourth stays unwrapped. Every *round*
-runs, on the same inputs and after a barrier, one iteration (forward+loss, backward, SGD step + zero_grad) of
+one in torch's DDP, one in ours (same ``bucket_cap_mb``) and one more in torch's; a fourth stays unwrapped.
+Every *round* runs, on the same inputs and after a barrier, one iteration (forward+loss, backward, SGD step
++ zero_grad) of
     torch       torch.nn.parallel.DistributedDataParallel
     ours        ddp_impl.DistributedDataParallel, instrumentation on (the default the suite uses)
     torch_b     a second torch DDP copy, built after ours: the A/A control. Two identical copies of one model
@@ -39,7 +40,6 @@ point) and prints the tables.
 """
 from __future__ import annotations
 
-import contextlib
 import dataclasses
 import datetime
 import gc
@@ -51,6 +51,7 @@ import tempfile
 import time
 from dataclasses import dataclass
 from pathlib import Path
+from unittest import mock
 
 import numpy as np
 import pandas as pd
@@ -296,19 +297,10 @@ def write_csv(df: pd.DataFrame, path: Path) -> None:
         raise
 
 
-@contextlib.contextmanager
 def _small_mmap_threshold():
     """Spawned ranks get glibc's mmap threshold at 64 KiB, so a freed tensor's pages go back to the OS at once
     and the resident set tracks live tensors (with the default, freed memory stays resident and peaks blur)."""
-    key, old = "MALLOC_MMAP_THRESHOLD_", os.environ.get("MALLOC_MMAP_THRESHOLD_")
-    os.environ[key] = "65536"
-    try:
-        yield
-    finally:
-        if old is None:
-            os.environ.pop(key, None)
-        else:
-            os.environ[key] = old
+    return mock.patch.dict(os.environ, {"MALLOC_MMAP_THRESHOLD_": "65536"})
 
 
 def run_bench(cfg: BenchConfig) -> dict[str, pd.DataFrame]:
@@ -367,8 +359,9 @@ def _memory_frame(memory: list[dict]) -> pd.DataFrame:
 
 
 SUMMARY_COLUMNS = ["model", "bucket_cap_mb", "ours_ms", "torch_ms", "ratio", "ratio_p10", "ratio_p90",
-                   "ratio_ci_lo", "ratio_ci_hi", "paired_ratio", "aa_ratio", "ratio_both", "cpu_ratio", "ideal_ms_ours", "ours_vs_ideal",
-                   "ideal_ms_torch", "torch_vs_ideal", "timing_overhead_pct", "load_before"]
+                   "ratio_ci_lo", "ratio_ci_hi", "paired_ratio", "aa_ratio", "ratio_both", "cpu_ratio",
+                   "ideal_ms_ours", "ours_vs_ideal", "ideal_ms_torch", "torch_vs_ideal", "timing_overhead_pct",
+                   "load_before"]
 MEMORY_COLUMNS = ["model", "variant", "gradient_as_bucket_view", "peak_mb", "ddp_extra_mb", "startup_peak_mb",
                   "param_mb", "measure"]
 

@@ -184,9 +184,8 @@ def auto_rate(cfg) -> tuple[float, float]:
     whole gradient at busbw = rate takes one backward. The backward is timed without DDP on as many ranks
     as the point runs on this machine, all computing at once with the point's threads per rank, because ranks
     that share cores and memory bandwidth compute more slowly than one rank alone (on a loaded 2-core machine,
-    2 ranks took about twice as long). Points
-    without a ``model`` (allreduce microbenchmark) use ResNet50 (``AUTO_MODEL``): Figure 2's ResNet50-sized
-    allreduce then also takes about one backward.
+    2 ranks took about twice as long). Points without a ``model`` (allreduce microbenchmark) use ResNet50
+    (``AUTO_MODEL``): Figure 2's ResNet50-sized allreduce then also takes about one backward.
     """
     from harness.config import ranks_on_this_node
     from harness.launch import threads_per_rank
