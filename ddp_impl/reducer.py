@@ -5,8 +5,9 @@
 2. When every slice of a bucket is written the bucket is ready; ready buckets are launched (async allreduce
    through the comm hook) strictly in bucket-index order, so every rank issues the same collectives in the
    same order even if gradients arrive in a different order.
-3. The first hook queues a callback that runs when autograd finishes: it waits for every bucket and copies
-   the averages back into ``.grad`` (or leaves ``.grad`` as a view of the bucket).
+3. The first hook queues a callback that runs when autograd finishes: it waits for the buckets in order and
+   copies each one's averages back into ``.grad`` as soon as it is reduced, while later buckets are still in
+   flight, as torch's reducer does (or leaves ``.grad`` as a view of the bucket).
 4. With ``find_unused_parameters`` the front-end tells us which parameters the forward graph did not reach;
    they are marked ready with the first hook, and an allreduced usage bitmap says which were unused on every
    rank: their ``.grad`` is left untouched.
@@ -76,6 +77,7 @@ class Reducer:
                 self.bucket_of[i] = b.index
                 offset += numel
         self.bucket_sizes = [len(b.param_indices) for b in buckets]
+        self._bucket_views = [[self.views[i] for i in b.param_indices] for b in buckets]
 
     def _group_for(self, bucket_index: int):
         if isinstance(self.group, RoundRobinProcessGroup):
@@ -179,7 +181,7 @@ class Reducer:
         self._futures[b] = self.comm_hook(self._group_for(b), self.flats[b])
 
     def _finalize(self) -> None:
-        """Runs once autograd has finished: wait for the buckets, write the averages back to ``.grad``."""
+        """Runs once autograd has finished: wait for each bucket, write its averages back to ``.grad``."""
         self._callback_queued = False
         self.expect_hooks = False
         timing = self.timing
@@ -190,26 +192,41 @@ class Reducer:
         if not self.overlap and all(p == 0 for p in self._pending):
             self._launch_ready()
         self.missing = [] if all(self._ready) else [n for n, ready in zip(self.names, self._ready) if not ready]
-        values = []
-        for b, f in enumerate(self._futures):  # finish stamped here, not by a callback on the comm thread
-            values.append(None if f is None else f.wait())
-            if timing is not None and f is not None:
-                timing.bucket_finish[b] = timing.clock.stamp()
-        self._futures = []  # their values hold the buckets; do not keep them alive past this iteration
-        if self.missing:
-            return  # the launched buckets finished on every rank; the next forward reports the missing ones
-        for flat, value in zip(self.flats, values):
+        futures, self._futures = self._futures, []  # their values hold the buckets: not kept past this iteration
+        grads = None  # the common case: each bucket goes back to .grad as soon as it is reduced, while later
+        if not (self.missing or self.as_view or self._local_used is not None):  # buckets are still in flight
+            grads = [p.grad for p in self.params]
+            if any(g is None for g in grads):
+                grads = None
+        if timing is not None:  # finish stamped here, not by a callback on the comm thread; on the host clock a
+            # bucket already done now reads as done now, not after the write-back of the buckets before it
+            done = [timing.clock.on_host and f is not None and f.done() for f in futures]
+            timing.comm_end = now = timing.clock.stamp()
+        for b, f in enumerate(futures):
+            if f is None:
+                continue
+            value = f.wait()
+            if timing is not None:
+                if done[b]:
+                    timing.bucket_finish[b] = now
+                else:
+                    timing.bucket_finish[b] = timing.comm_end = timing.clock.stamp()
+            if self.missing:
+                continue  # wait anyway: the launched buckets must finish on every rank
             if isinstance(value, list):  # a collective's own future: [reduced tensor]
                 value = value[0]
-            if value is not flat:
-                flat.copy_(value)
-        if timing is not None:
-            timing.comm_end = timing.clock.stamp()
-        unused_everywhere = set()
-        if self._used_work is not None:
-            self._used_work.wait()
-            unused_everywhere = set((self._local_used == 0).nonzero().flatten().tolist())
-        self._write_back(unused_everywhere)
+            if value is not self.flats[b]:
+                self.flats[b].copy_(value)
+            if grads is not None:
+                torch._foreach_copy_([grads[i] for i in self.buckets[b].param_indices], self._bucket_views[b])
+        if self.missing:
+            return  # the next forward reports the missing ones
+        if grads is None:
+            unused_everywhere = set()
+            if self._used_work is not None:
+                self._used_work.wait()
+                unused_everywhere = set((self._local_used == 0).nonzero().flatten().tolist())
+            self._write_back(unused_everywhere)
         self.last_timing = timing
 
     def _write_back(self, skip: set[int]) -> None:

@@ -17,6 +17,8 @@ import torch
 
 
 class HostClock:
+    on_host = True
+
     @staticmethod
     def stamp() -> float:
         return time.perf_counter()
@@ -27,6 +29,8 @@ class HostClock:
 
 
 class CudaClock:
+    on_host = False  # a stamp is an event on the stream: it lands after whatever was queued before it
+
     @staticmethod
     def stamp():
         event = torch.cuda.Event(enable_timing=True)
