@@ -230,7 +230,7 @@ class Reducer:
         self.last_timing = timing
 
     def _write_back(self, skip: set[int]) -> None:
-        if not skip and not self.as_view:  # the common case: one fused copy, no per-parameter Python
+        if not skip and not self.as_view:  # no parameter unused everywhere: one fused copy, no per-parameter loop
             grads = [p.grad for p in self.params]
             if not any(g is None for g in grads):
                 torch._foreach_copy_(grads, self.views)
