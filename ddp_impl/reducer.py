@@ -230,11 +230,8 @@ class Reducer:
         self.last_timing = timing
 
     def _write_back(self, skip: set[int]) -> None:
-        if not skip and not self.as_view:  # no parameter unused everywhere: one fused copy, no per-parameter loop
-            grads = [p.grad for p in self.params]
-            if not any(g is None for g in grads):
-                torch._foreach_copy_(grads, self.views)
-                return
+        """The rarer cases after all buckets are reduced: ``.grad`` as bucket views, unused-parameter detection
+        (``skip``: unused on every rank), or a parameter without ``.grad`` yet."""
         if self.as_view:
             for i, p in enumerate(self.params):
                 if i not in skip and (p.grad is None or p.grad.data_ptr() != self.views[i].data_ptr()):
