@@ -28,7 +28,11 @@ and ``ratio_both`` = median ours / mean of the two torch medians (built before a
 ideal bound forward + max(local backward, allreduce) + optimizer (each impl's own medians) and
 ``measured / ideal``; the instrumentation overhead ours / ours_notiming - 1.
 ``cpu_ms`` (CPU time of all of a rank's threads) is recorded too: unlike wall time it barely moves when other
-processes share the cores.
+processes share the cores; ``sys_ms`` and ``minor_faults`` are its kernel part and the pages first touched
+in the iteration. On CPU the kernel part is large: glibc hands big freed blocks back to the OS, so every
+iteration faults ~70k fresh pages in (BERT-base) and how many depends on where each variant's tensors landed
+in the heap, not on its code. ``--malloc=retain`` (glibc: never mmap, never trim) keeps freed memory in the
+process, removes those faults and measures the DDPs without that luck; the default measures what users get.
 Memory (``--memory``): one job per (model, variant), so allocators are not shared. Peak bytes above what the
 rank held after building the model and inputs and running one plain iteration (runtime start-up is not DDP's):
 CPU: peak resident set (VmHWM, reset through /proc/self/clear_refs), with glibc's mmap threshold at 64 KiB so
@@ -45,6 +49,7 @@ import datetime
 import gc
 import os
 import random
+import resource
 import socket
 import sys
 import tempfile
@@ -59,13 +64,14 @@ import torch
 import torch.distributed as dist
 
 from harness.config import MODELS, PROFILES, parse_dataclass
-from harness.launch import RankContext, launch
+from harness.launch import RankContext, in_place, launch
 from harness.models import build_model, compute_loss, input_spec, make_inputs
 from harness.results import git_commit, results_root
 
 MIB = 1024 * 1024
 ORDER = ("torch", "ours", "ours_notiming", "torch_b", "local", "allreduce")
 MEMORY_VARIANTS = (("local", False), ("ours", False), ("ours", True), ("torch", False), ("torch", True))
+MALLOC_ENV = {"default": {}, "retain": {"MALLOC_MMAP_MAX_": "0", "MALLOC_TRIM_THRESHOLD_": str(2 ** 62)}}
 
 
 @dataclass(frozen=True)
@@ -88,6 +94,7 @@ class BenchConfig:
     seed: int = 0
     out: str = ""  # default <results>/bench
     timeout_s: float = 600.0
+    malloc: str = "default"  # default | retain: glibc keeps freed memory (no page faults from reuse), see above
 
 
 def validate_bench(cfg: BenchConfig) -> BenchConfig:
@@ -98,6 +105,12 @@ def validate_bench(cfg: BenchConfig) -> BenchConfig:
         raise ValueError("models and caps must be non-empty, caps >= 0")
     if cfg.iters < 1 or cfg.warmup < 2 or cfg.world_size < 2 or cfg.memory_iters < 1:
         raise ValueError("need iters >= 1, warmup >= 2 (bucket rebuild), world_size >= 2, memory_iters >= 1")
+    if cfg.malloc not in MALLOC_ENV:
+        raise ValueError(f"unknown malloc {cfg.malloc!r}; choose from {list(MALLOC_ENV)}")
+    missing = {k: v for k, v in MALLOC_ENV[cfg.malloc].items() if os.environ.get(k) != v}
+    if missing and in_place():  # ranks already started: glibc read its settings then
+        raise ValueError(f"malloc={cfg.malloc!r} under torchrun/SLURM: export "
+                         + " ".join(f"{k}={v}" for k, v in missing.items()) + " before launching")
     cfg = dataclasses.replace(cfg, profile=resolve_profile(cfg.profile), backend=resolve_backend(cfg.backend))
     if cfg.profile not in PROFILES:
         raise ValueError(f"unknown profile {cfg.profile!r}")
@@ -134,7 +147,7 @@ def _fresh(name: str, ctx: RankContext, seed: int):
 def _iteration(name, model, opt, inputs, ctx: RankContext) -> dict:
     dist.barrier(group=ctx.group)
     ctx.synchronize()
-    c0 = time.process_time()  # CPU time of every thread of this rank (compute + Gloo): robust to others' load
+    r0 = resource.getrusage(resource.RUSAGE_SELF)  # every thread of this rank (compute + Gloo)
     t0 = time.perf_counter()
     loss = compute_loss(name, model, inputs)
     ctx.synchronize()
@@ -146,8 +159,10 @@ def _iteration(name, model, opt, inputs, ctx: RankContext) -> dict:
     opt.zero_grad(set_to_none=False)
     ctx.synchronize()
     t3 = time.perf_counter()
+    r1 = resource.getrusage(resource.RUSAGE_SELF)
     return dict(forward_ms=(t1 - t0) * 1e3, backward_ms=(t2 - t1) * 1e3, optimizer_ms=(t3 - t2) * 1e3,
-                total_ms=(t3 - t0) * 1e3, cpu_ms=(time.process_time() - c0) * 1e3)
+                total_ms=(t3 - t0) * 1e3, cpu_ms=(r1.ru_utime + r1.ru_stime - r0.ru_utime - r0.ru_stime) * 1e3,
+                sys_ms=(r1.ru_stime - r0.ru_stime) * 1e3, minor_faults=r1.ru_minflt - r0.ru_minflt)
 
 
 def _allreduce_all(buffers, ctx: RankContext) -> dict:
@@ -264,6 +279,7 @@ def summarize_point(samples: pd.DataFrame) -> dict:
     backward = max(med.loc["local", "backward_ms"], lat["allreduce"])
     ideal = {v: med.loc[v, "forward_ms"] + backward + med.loc[v, "optimizer_ms"] for v in ("ours", "torch")}
     cpu = samples.groupby("variant")["cpu_ms"].median()
+    faults = samples.groupby("variant")["minor_faults"].median()
     return dict(
         ours_ms=lat["ours"], torch_ms=lat["torch"], ratio=lat["ours"] / lat["torch"],
         torch_b_ms=lat["torch_b"], aa_ratio=lat["torch_b"] / lat["torch"],
@@ -279,6 +295,7 @@ def summarize_point(samples: pd.DataFrame) -> dict:
         ideal_ms_ours=ideal["ours"], ideal_ms_torch=ideal["torch"],
         ours_vs_ideal=lat["ours"] / ideal["ours"], torch_vs_ideal=lat["torch"] / ideal["torch"],
         cpu_ms_ours=cpu["ours"], cpu_ms_torch=cpu["torch"], cpu_ratio=cpu["ours"] / cpu["torch"],
+        faults_ours=faults["ours"], faults_torch=faults["torch"], faults_torch_b=faults["torch_b"],
         rounds=len(rounds),
     )
 
@@ -314,8 +331,9 @@ def run_bench(cfg: BenchConfig) -> dict[str, pd.DataFrame]:
         for cap in cfg.caps if cfg.latency else ():
             started = datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")
             load_before, t0 = _load(), time.monotonic()
-            ranks = launch(latency_job, cfg.world_size, cfg.backend, args=(name, cap, cfg), timeout_s=cfg.timeout_s,
-                           threads=cfg.threads_per_rank)
+            with mock.patch.dict(os.environ, MALLOC_ENV[cfg.malloc]):
+                ranks = launch(latency_job, cfg.world_size, cfg.backend, args=(name, cap, cfg),
+                               timeout_s=cfg.timeout_s, threads=cfg.threads_per_rank)
             point = dict(model=name, bucket_cap_mb=cap)
             samples = pd.DataFrame([{**point, "rank": r["rank"], **s} for r in ranks for s in r["samples"]])
             all_samples.append(samples)
@@ -326,7 +344,8 @@ def run_bench(cfg: BenchConfig) -> dict[str, pd.DataFrame]:
                                 same_buckets=info["ours_bucket_bytes"] == info["torch_bucket_bytes"],
                                 num_params=info["num_params"],
                                 num_threads=info["num_threads"], load_before=load_before, load_after=_load(),
-                                point_seconds=time.monotonic() - t0, started_at=started, **meta))
+                                point_seconds=time.monotonic() - t0, started_at=started, malloc=cfg.malloc,
+                                **meta))
             if writer:
                 write_csv(pd.concat(all_samples, ignore_index=True), out / "latency_samples.csv")
                 write_csv(pd.DataFrame(summary), out / "summary.csv")
@@ -361,7 +380,7 @@ def _memory_frame(memory: list[dict]) -> pd.DataFrame:
 SUMMARY_COLUMNS = ["model", "bucket_cap_mb", "ours_ms", "torch_ms", "ratio", "ratio_p10", "ratio_p90",
                    "ratio_ci_lo", "ratio_ci_hi", "paired_ratio", "aa_ratio", "ratio_both", "cpu_ratio",
                    "ideal_ms_ours", "ours_vs_ideal", "ideal_ms_torch", "torch_vs_ideal", "timing_overhead_pct",
-                   "load_before"]
+                   "faults_ours", "faults_torch", "load_before"]
 MEMORY_COLUMNS = ["model", "variant", "gradient_as_bucket_view", "peak_mb", "ddp_extra_mb", "startup_peak_mb",
                   "param_mb", "measure"]
 

@@ -1,18 +1,23 @@
 """`make bench` in a tiny configuration: the CLI runs, writes tidy CSVs and prints the tables (no time limits)."""
 import math
+import os
+import resource
 import subprocess
 import sys
+from unittest import mock
 
 import pandas as pd
 import pytest
+import torch
 
-from harness.bench import MEMORY_COLUMNS, SUMMARY_COLUMNS, BenchConfig, validate_bench
+from harness.bench import MALLOC_ENV, MEMORY_COLUMNS, SUMMARY_COLUMNS, BenchConfig, validate_bench
+from harness.launch import launch
 
 
 def test_bench_cli_tiny(tmp_path):
     out = tmp_path / "bench"
     cmd = [sys.executable, "-m", "harness.bench", "--models=small", "--caps=1,25", "--iters=3", "--warmup=2",
-           "--memory_iters=1", "--threads_per_rank=1", "--timeout_s=60", f"--out={out}"]
+           "--memory_iters=1", "--threads_per_rank=1", "--timeout_s=60", "--malloc=retain", f"--out={out}"]
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=240)
     assert proc.returncode == 0, proc.stderr[-3000:]
 
@@ -24,12 +29,15 @@ def test_bench_cli_tiny(tmp_path):
                 "cpu_ratio", "ours_vs_ideal", "torch_vs_ideal", "torch_b_ms", "aa_ratio", "ratio_both"):
         assert all(math.isfinite(v) and v > 0 for v in summary[col]), col
     assert (summary["ratio_ci_lo"] <= summary["ratio_ci_hi"]).all()
-    assert (summary["rounds"] == 3).all() and summary["same_buckets"].all()
+    assert (summary["rounds"] == 3).all() and summary["same_buckets"].all() and (summary["malloc"] == "retain").all()
+    assert (summary[["faults_ours", "faults_torch", "faults_torch_b"]] >= 0).all().all()
     assert {"hostname", "cpu", "cores", "torch_version", "git_commit", "backend", "load_before"} <= set(summary)
 
     samples = pd.read_csv(out / "latency_samples.csv")
     counts = samples.groupby(["bucket_cap_mb", "variant"]).size()
     assert set(samples["variant"]) == {"torch", "ours", "ours_notiming", "torch_b", "local", "allreduce"}
+    trained = samples[samples["variant"] != "allreduce"]
+    assert (trained["sys_ms"] >= 0).all() and (trained["sys_ms"] <= trained["cpu_ms"] + 1e-6).all()
     assert (counts == 2 * 3).all()  # 2 ranks x 3 rounds, every variant, every cap
 
     memory = pd.read_csv(out / "memory.csv")
@@ -42,10 +50,33 @@ def test_bench_cli_tiny(tmp_path):
         assert header in proc.stdout
 
 
+def _refaults(ctx):
+    """Pages faulted in over the last 6 of 10 cycles of allocating and filling a 256 MiB tensor, each freed
+    before the next (the heap grows in the first cycles)."""
+    for _ in range(4):
+        torch.ones(64 * 2 ** 20).sum()
+    before = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
+    for _ in range(6):
+        torch.ones(64 * 2 ** 20).sum()
+    return resource.getrusage(resource.RUSAGE_SELF).ru_minflt - before
+
+
+def test_malloc_retain_keeps_freed_memory_in_the_process():
+    """What --malloc=retain claims: with glibc's defaults a big block's pages are faulted in again on every reuse
+    (6 blocks' worth); kept, they are reused (the heap may still grow once or twice while it fragments)."""
+    block = 256 * 2 ** 20 // 4096
+    default = launch(_refaults, 2, "gloo", timeout_s=60, threads=1)
+    with mock.patch.dict(os.environ, MALLOC_ENV["retain"]):
+        retain = launch(_refaults, 2, "gloo", timeout_s=60, threads=1)
+    assert min(default) > 5 * block and max(retain) < 3 * block, (default, retain)
+
+
 def test_bench_config_is_validated():
     with pytest.raises(ValueError):
         validate_bench(BenchConfig(models=("nope",)))
     with pytest.raises(ValueError):
         validate_bench(BenchConfig(warmup=1))  # both DDPs rebuild their buckets after the first iteration
+    with pytest.raises(ValueError, match="malloc"):
+        validate_bench(BenchConfig(malloc="jemalloc"))
     cfg = validate_bench(BenchConfig())
     assert cfg.profile != "auto" and cfg.backend != "auto"
