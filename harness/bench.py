@@ -30,9 +30,9 @@ ideal bound forward + max(local backward, allreduce) + optimizer (each impl's ow
 ``cpu_ms`` (CPU time of all of a rank's threads) is recorded too: unlike wall time it barely moves when other
 processes share the cores; ``sys_ms`` and ``minor_faults`` are its kernel part and the pages first touched
 in the iteration. On CPU the kernel part is large: glibc hands big freed blocks back to the OS, so every
-iteration faults ~70k fresh pages in (BERT-base) and how many depends on where each variant's tensors landed
-in the heap, not on its code. ``--malloc=retain`` (glibc: never mmap, never trim) keeps freed memory in the
-process, removes those faults and measures the DDPs without that luck; the default measures what users get.
+iteration faults ~70k fresh pages in (BERT-base), a count that shifts with the heap's layout. ``--malloc=retain``
+(glibc: never mmap, never trim) keeps freed memory in the process and removes those faults; the default
+measures what users get.
 Memory (``--memory``): one job per (model, variant), so allocators are not shared. Peak bytes above what the
 rank held after building the model and inputs and running one plain iteration (runtime start-up is not DDP's):
 CPU: peak resident set (VmHWM, reset through /proc/self/clear_refs), with glibc's mmap threshold at 64 KiB so
