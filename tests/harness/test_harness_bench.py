@@ -78,5 +78,7 @@ def test_bench_config_is_validated():
         validate_bench(BenchConfig(warmup=1))  # both DDPs rebuild their buckets after the first iteration
     with pytest.raises(ValueError, match="malloc"):
         validate_bench(BenchConfig(malloc="jemalloc"))
+    with mock.patch.dict(os.environ, {"RANK": "0"}), pytest.raises(ValueError, match="export MALLOC_MMAP_MAX_=0"):
+        validate_bench(BenchConfig(malloc="retain"))  # under torchrun the ranks' allocator is already set up
     cfg = validate_bench(BenchConfig())
     assert cfg.profile != "auto" and cfg.backend != "auto"
