@@ -105,7 +105,7 @@ class Reducer:
         dist.broadcast(order_t, src=dist.get_global_rank(self.primary_group, 0), group=self.primary_group)
         old_views = self.views
         if not self.as_view:  # nothing lives in the old buckets between iterations: free them first (like torch)
-            old_views = self.views = self.flats = None  # type: ignore[assignment]
+            old_views = self.views = self.flats = self._bucket_views = None  # type: ignore[assignment]
         self._build(assign_buckets(self.specs, self.cap_bytes, self.first_cap_bytes, order_t.tolist()))
         if self.as_view:  # .grad still points into the old buckets: move it into the new ones
             for p, old, new in zip(self.params, old_views, self.views):
