@@ -193,8 +193,10 @@ class Reducer:
             self._launch_ready()
         self.missing = [] if all(self._ready) else [n for n, ready in zip(self.names, self._ready) if not ready]
         futures, self._futures = self._futures, []  # their values hold the buckets: not kept past this iteration
-        grads = None  # the common case: each bucket goes back to .grad as soon as it is reduced, while later
-        if not (self.missing or self.as_view or self._local_used is not None):  # buckets are still in flight
+        # The common case: each bucket goes back to .grad as soon as it is reduced, while later buckets are still
+        # in flight. Views, unused-parameter detection and missing .grad go through _write_back at the end.
+        grads = None
+        if not (self.missing or self.as_view or self._local_used is not None):
             grads = [p.grad for p in self.params]
             if any(g is None for g in grads):
                 grads = None
