@@ -24,8 +24,8 @@ A round's latency is the slowest rank's. Per point: median latency of each varia
 ours / median torch with ``ratio_p10/p90`` (spread of the per-round paired ratios) and a bootstrap 95% CI of
 the ratio of medians; ``paired_ratio``, the median of the per-round ratios, with its bootstrap 95% CI;
 ``aa_ratio`` = median torch_b / median torch (what two identical DDPs differ by: the resolution of ``ratio``)
-and ``ratio_both`` = median ours / mean of the two torch medians (built before and after ours); the
-ideal bound forward + max(local backward, allreduce) + optimizer (each impl's own medians) and
+and ``ratio_both`` = median ours / mean of the two torch medians (built before and after ours), ``paired_both``
+the same per round (median, bootstrap CI); the ideal bound forward + max(local backward, allreduce) + optimizer (each impl's own medians) and
 ``measured / ideal``; the instrumentation overhead ours / ours_notiming - 1.
 ``cpu_ms`` (CPU time of all of a rank's threads) is recorded too: unlike wall time it barely moves when other
 processes share the cores; ``sys_ms`` and ``minor_faults`` are its kernel part and the pages first touched
@@ -39,8 +39,9 @@ CPU: peak resident set (VmHWM, reset through /proc/self/clear_refs), with glibc'
 freed tensors leave the resident set at once; GPU: ``torch.cuda.max_memory_allocated``. ``startup_peak_mb``
 covers wrapping and the first 2 iterations (bucket rebuild), ``peak_mb`` the next ``memory_iters``
 (steady state), ``ddp_extra_mb`` = peak_mb minus that of the unwrapped model. Columns: BENCHMARKS.md.
-Writes ``<out>/latency_samples.csv``, ``<out>/summary.csv``, ``<out>/memory.csv`` (atomically, after each
-point) and prints the tables.
+Per model, ``pooled.csv`` combines its caps into one ratio with a CI (``pooled``): the number to read, as a single
+point moves by a few percent on a shared CPU. Writes ``<out>/latency_samples.csv``, ``<out>/summary.csv``,
+``<out>/pooled.csv``, ``<out>/memory.csv`` (atomically, after each point) and prints the tables.
 """
 from __future__ import annotations
 
@@ -266,9 +267,25 @@ def _load() -> float:
     return os.getloadavg()[0] if hasattr(os, "getloadavg") else float("nan")
 
 
+def _rounds(samples: pd.DataFrame) -> pd.DataFrame:
+    """Latency per round (rows) and variant (columns): the slowest rank's."""
+    return samples.groupby(["variant", "round"])["total_ms"].max().unstack("variant")
+
+
+def _per_round(rounds: pd.DataFrame, variant: str, reference: str) -> np.ndarray:
+    """variant / reference within each round; ``both`` = the mean of the two torch copies in that round (paired,
+    and neither copy's placement in memory favoured, see aa_ratio)."""
+    ref = (rounds["torch"] + rounds["torch_b"]) / 2 if reference == "both" else rounds[reference]
+    return (rounds[variant] / ref).to_numpy()
+
+
+def _boot_medians(x: np.ndarray, rng, n: int = 2000) -> np.ndarray:
+    return np.median(x[rng.integers(0, len(x), size=(n, len(x)))], axis=1)
+
+
 def summarize_point(samples: pd.DataFrame) -> dict:
     """Medians, paired ours/torch ratio with spread, ideal bounds and overhead of one point's samples."""
-    rounds = samples.groupby(["variant", "round"])["total_ms"].max().unstack("variant")  # slowest rank
+    rounds = _rounds(samples)
     med = samples.groupby("variant")[["forward_ms", "backward_ms", "optimizer_ms"]].median()
     lat = rounds.median()
     paired = rounds["ours"] / rounds["torch"]  # same round: robust when the machine's load drifts between rounds
@@ -276,6 +293,8 @@ def summarize_point(samples: pd.DataFrame) -> dict:
     idx = rng.integers(0, len(rounds), size=(2000, len(rounds)))
     boot = np.median(rounds["ours"].to_numpy()[idx], axis=1) / np.median(rounds["torch"].to_numpy()[idx], axis=1)
     boot_paired = np.median(paired.to_numpy()[idx], axis=1)
+    paired_both = _per_round(rounds, "ours", "both")
+    boot_both = _boot_medians(paired_both, rng)
     backward = max(med.loc["local", "backward_ms"], lat["allreduce"])
     ideal = {v: med.loc[v, "forward_ms"] + backward + med.loc[v, "optimizer_ms"] for v in ("ours", "torch")}
     cpu = samples.groupby("variant")["cpu_ms"].median()
@@ -288,6 +307,8 @@ def summarize_point(samples: pd.DataFrame) -> dict:
         ratio_ci_lo=np.quantile(boot, 0.025), ratio_ci_hi=np.quantile(boot, 0.975),
         paired_ratio=paired.median(), paired_ci_lo=np.quantile(boot_paired, 0.025),
         paired_ci_hi=np.quantile(boot_paired, 0.975),
+        paired_both=np.median(paired_both), paired_both_ci_lo=np.quantile(boot_both, 0.025),
+        paired_both_ci_hi=np.quantile(boot_both, 0.975),
         ours_notiming_ms=lat["ours_notiming"], timing_overhead_pct=(lat["ours"] / lat["ours_notiming"] - 1) * 100,
         forward_ms_ours=med.loc["ours", "forward_ms"], forward_ms_torch=med.loc["torch", "forward_ms"],
         optimizer_ms_ours=med.loc["ours", "optimizer_ms"], optimizer_ms_torch=med.loc["torch", "optimizer_ms"],
@@ -298,6 +319,26 @@ def summarize_point(samples: pd.DataFrame) -> dict:
         faults_ours=faults["ours"], faults_torch=faults["torch"], faults_torch_b=faults["torch_b"],
         rounds=len(rounds),
     )
+
+
+def pooled(samples: pd.DataFrame, seed: int = 0) -> pd.DataFrame:
+    """One number per model and comparison: the geometric mean over its caps of each point's median per-round
+    ratio, with a bootstrap 95% CI (rounds resampled within each point). A single point moves by +-3 % here
+    (BENCHMARKS.md); pooling the caps resolves about 1 %. Comparisons: ours and ours_notiming against both
+    torch copies, and the A/A control torch_b / torch (what no difference looks like)."""
+    rng = np.random.default_rng(seed)
+    rows = []
+    for name, by_model in samples.groupby("model", sort=False):
+        points = [_rounds(g) for _, g in by_model.groupby("bucket_cap_mb")]
+        for variant, reference in (("ours", "both"), ("ours_notiming", "both"), ("torch_b", "torch")):
+            per_point = [_per_round(r, variant, reference) for r in points]
+            est = np.exp(np.mean([np.log(np.median(x)) for x in per_point]))
+            boot = np.exp(np.mean([np.log(_boot_medians(x, rng)) for x in per_point], axis=0))
+            against = "torch, torch_b" if reference == "both" else reference
+            rows.append(dict(model=name, comparison=f"{variant} / {against}", points=len(points),
+                             rounds=sum(len(x) for x in per_point), pooled_ratio=est,
+                             ci_lo=np.quantile(boot, 0.025), ci_hi=np.quantile(boot, 0.975)))
+    return pd.DataFrame(rows)
 
 
 def write_csv(df: pd.DataFrame, path: Path) -> None:
@@ -349,6 +390,7 @@ def run_bench(cfg: BenchConfig) -> dict[str, pd.DataFrame]:
             if writer:
                 write_csv(pd.concat(all_samples, ignore_index=True), out / "latency_samples.csv")
                 write_csv(pd.DataFrame(summary), out / "summary.csv")
+                write_csv(pooled(pd.concat(all_samples, ignore_index=True)), out / "pooled.csv")
                 print(f"[bench] {name} cap={cap:g} MB: ours/torch = {summary[-1]['ratio']:.3f}", file=sys.stderr)
         if cfg.memory:
             for variant, as_view in MEMORY_VARIANTS:
@@ -365,7 +407,8 @@ def run_bench(cfg: BenchConfig) -> dict[str, pd.DataFrame]:
                                    load=_load(), **meta))
             if writer:
                 write_csv(_memory_frame(memory), out / "memory.csv")
-    return {"summary": pd.DataFrame(summary), "memory": _memory_frame(memory)}
+    return {"summary": pd.DataFrame(summary), "memory": _memory_frame(memory),
+            "pooled": pooled(pd.concat(all_samples, ignore_index=True)) if all_samples else pd.DataFrame()}
 
 
 def _memory_frame(memory: list[dict]) -> pd.DataFrame:
@@ -378,7 +421,7 @@ def _memory_frame(memory: list[dict]) -> pd.DataFrame:
 
 
 SUMMARY_COLUMNS = ["model", "bucket_cap_mb", "ours_ms", "torch_ms", "ratio", "ratio_p10", "ratio_p90",
-                   "ratio_ci_lo", "ratio_ci_hi", "paired_ratio", "aa_ratio", "ratio_both", "cpu_ratio",
+                   "ratio_ci_lo", "ratio_ci_hi", "paired_ratio", "aa_ratio", "ratio_both", "paired_both", "cpu_ratio",
                    "ideal_ms_ours", "ours_vs_ideal", "ideal_ms_torch", "torch_vs_ideal", "timing_overhead_pct",
                    "faults_ours", "faults_torch", "load_before"]
 MEMORY_COLUMNS = ["model", "variant", "gradient_as_bucket_view", "peak_mb", "ddp_extra_mb", "startup_peak_mb",
@@ -389,6 +432,8 @@ def format_tables(tables: dict[str, pd.DataFrame]) -> str:
     parts = []
     if len(tables["summary"]):
         parts.append(tables["summary"][SUMMARY_COLUMNS].to_string(index=False, float_format=lambda x: f"{x:.3f}"))
+    if len(tables["pooled"]):
+        parts.append(tables["pooled"].to_string(index=False, float_format=lambda x: f"{x:.3f}"))
     if len(tables["memory"]):
         parts.append(tables["memory"][MEMORY_COLUMNS].to_string(index=False, float_format=lambda x: f"{x:.1f}"))
     return "\n\n".join(parts)

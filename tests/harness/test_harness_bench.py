@@ -6,11 +6,12 @@ import subprocess
 import sys
 from unittest import mock
 
+import numpy as np
 import pandas as pd
 import pytest
 import torch
 
-from harness.bench import MALLOC_ENV, MEMORY_COLUMNS, SUMMARY_COLUMNS, BenchConfig, validate_bench
+from harness.bench import MALLOC_ENV, MEMORY_COLUMNS, SUMMARY_COLUMNS, BenchConfig, pooled, validate_bench
 from harness.launch import launch
 
 
@@ -26,12 +27,19 @@ def test_bench_cli_tiny(tmp_path):
     assert set(SUMMARY_COLUMNS) <= set(summary.columns)
     for col in ("ours_ms", "torch_ms", "ours_notiming_ms", "ideal_ms_ours", "ideal_ms_torch", "local_backward_ms",
                 "allreduce_ms", "ratio", "ratio_p10", "ratio_p90", "ratio_ci_lo", "ratio_ci_hi", "paired_ratio",
-                "cpu_ratio", "ours_vs_ideal", "torch_vs_ideal", "torch_b_ms", "aa_ratio", "ratio_both"):
+                "cpu_ratio", "ours_vs_ideal", "torch_vs_ideal", "torch_b_ms", "aa_ratio", "ratio_both", "paired_both"):
         assert all(math.isfinite(v) and v > 0 for v in summary[col]), col
     assert (summary["ratio_ci_lo"] <= summary["ratio_ci_hi"]).all()
     assert (summary["rounds"] == 3).all() and summary["same_buckets"].all() and (summary["malloc"] == "retain").all()
     assert (summary[["faults_ours", "faults_torch", "faults_torch_b"]] >= 0).all().all()
     assert {"hostname", "cpu", "cores", "torch_version", "git_commit", "backend", "load_before"} <= set(summary)
+
+    assert (summary["paired_both_ci_lo"] <= summary["paired_both"]).all()
+    assert (summary["paired_both"] <= summary["paired_both_ci_hi"]).all()
+    pool = pd.read_csv(out / "pooled.csv")
+    assert list(pool["comparison"]) == ["ours / torch, torch_b", "ours_notiming / torch, torch_b", "torch_b / torch"]
+    assert (pool["points"] == 2).all() and (pool["rounds"] == 6).all()
+    assert ((pool["ci_lo"] <= pool["pooled_ratio"]) & (pool["pooled_ratio"] <= pool["ci_hi"])).all()
 
     samples = pd.read_csv(out / "latency_samples.csv")
     counts = samples.groupby(["bucket_cap_mb", "variant"]).size()
@@ -46,8 +54,36 @@ def test_bench_cli_tiny(tmp_path):
         ("local", False), ("ours", False), ("ours", True), ("torch", False), ("torch", True)]
     assert (memory["peak_mb"] >= 0).all() and (memory["param_mb"] > 0).all()
 
-    for header in ("ours_ms", "torch_ms", "ratio", "ours_vs_ideal", "peak_mb"):
+    for header in ("ours_ms", "torch_ms", "ratio", "ours_vs_ideal", "pooled_ratio", "peak_mb"):
         assert header in proc.stdout
+
+
+def _samples(ratios: dict[float, float], rounds: int, seed: int = 0) -> pd.DataFrame:
+    """Two ranks' latencies per round: torch and torch_b equal, ours = ratio x torch (per cap), all scaled by a
+    per-round factor as load swings scale every variant of a round."""
+    rng = np.random.default_rng(seed)
+    rows = []
+    for cap, ratio in ratios.items():
+        for rnd in range(rounds):
+            load = rng.uniform(0.7, 1.5)
+            for rank in (0, 1):
+                base = 100.0 * load * (1 + 0.01 * rank)
+                for variant, ms in (("torch", base), ("torch_b", base), ("ours", base * ratio),
+                                    ("ours_notiming", base * ratio)):
+                    rows.append(dict(model="m", bucket_cap_mb=cap, variant=variant, round=rnd, rank=rank, total_ms=ms))
+    return pd.DataFrame(rows)
+
+
+def test_pooled_ratio_is_the_geometric_mean_of_the_paired_point_ratios():
+    """Paired per round, so the load swings cancel; pooled over caps geometrically (1.1 and 1/1.1 give 1)."""
+    pool = pooled(_samples({1.0: 1.05, 25.0: 1.05}, rounds=15)).set_index("comparison")
+    assert pool.loc["ours / torch, torch_b", "pooled_ratio"] == pytest.approx(1.05)
+    assert pool.loc["ours / torch, torch_b", "ci_lo"] == pytest.approx(1.05)  # no noise left once paired
+    assert pool.loc["torch_b / torch", "pooled_ratio"] == pytest.approx(1.0)
+    assert pool.loc["ours / torch, torch_b", "rounds"] == 30
+    even = pooled(_samples({1.0: 1.1, 5.0: 1 / 1.1}, rounds=9)).set_index("comparison")
+    assert even.loc["ours / torch, torch_b", "pooled_ratio"] == pytest.approx(1.0)
+    assert even.loc["ours / torch, torch_b", "ci_lo"] == pytest.approx(1.0)
 
 
 def _refaults(ctx):
