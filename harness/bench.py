@@ -25,8 +25,8 @@ ours / median torch with ``ratio_p10/p90`` (spread of the per-round paired ratio
 the ratio of medians; ``paired_ratio``, the median of the per-round ratios, with its bootstrap 95% CI;
 ``aa_ratio`` = median torch_b / median torch (what two identical DDPs differ by: the resolution of ``ratio``)
 and ``ratio_both`` = median ours / mean of the two torch medians (built before and after ours), ``paired_both``
-the same per round (median, bootstrap CI); the ideal bound forward + max(local backward, allreduce) + optimizer (each impl's own medians) and
-``measured / ideal``; the instrumentation overhead ours / ours_notiming - 1.
+the same per round (median, bootstrap CI); the ideal bound forward + max(local backward, allreduce) +
+optimizer (each impl's own medians) and ``measured / ideal``; the instrumentation overhead ours / ours_notiming - 1.
 ``cpu_ms`` (CPU time of all of a rank's threads) is recorded too: unlike wall time it barely moves when other
 processes share the cores; ``sys_ms`` and ``minor_faults`` are its kernel part and the pages first touched
 in the iteration. On CPU the kernel part is large: glibc hands big freed blocks back to the OS, so every
@@ -391,7 +391,8 @@ def run_bench(cfg: BenchConfig) -> dict[str, pd.DataFrame]:
                 write_csv(pd.concat(all_samples, ignore_index=True), out / "latency_samples.csv")
                 write_csv(pd.DataFrame(summary), out / "summary.csv")
                 write_csv(pooled(pd.concat(all_samples, ignore_index=True)), out / "pooled.csv")
-                print(f"[bench] {name} cap={cap:g} MB: ours/torch = {summary[-1]['ratio']:.3f}", file=sys.stderr)
+                print(f"[bench] {name} cap={cap:g} MB: ours/torch = {summary[-1]['ratio']:.3f}, per round vs both "
+                      f"torch copies {summary[-1]['paired_both']:.3f}", file=sys.stderr)
         if cfg.memory:
             for variant, as_view in MEMORY_VARIANTS:
                 with _small_mmap_threshold():
