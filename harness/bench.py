@@ -11,7 +11,7 @@ Every *round* runs, on the same inputs and after a barrier, one iteration (forwa
     torch       torch.nn.parallel.DistributedDataParallel
     ours        ddp_impl.DistributedDataParallel, instrumentation on (the default the suite uses)
     torch_b     a second torch DDP copy, built after ours: the A/A control. Two identical copies of one model
-                can differ by ~5% for the whole run (BERT-base on CPU: where their tensors landed in memory),
+                can differ by ~5% for a whole run (BERT-base on this CPU, even wrapping one shared module),
                 which is more than the difference being measured
     ours_notiming   the same object with ``timing = False``
     local       the unwrapped copy: backward compute with no DDP at all
