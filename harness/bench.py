@@ -274,7 +274,7 @@ def _rounds(samples: pd.DataFrame) -> pd.DataFrame:
 
 def _per_round(rounds: pd.DataFrame, variant: str, reference: str) -> np.ndarray:
     """variant / reference within each round; ``both`` = the mean of the two torch copies in that round (paired,
-    and neither copy's placement in memory favoured, see aa_ratio)."""
+    and neither copy's run-long offset favoured, see aa_ratio)."""
     ref = (rounds["torch"] + rounds["torch_b"]) / 2 if reference == "both" else rounds[reference]
     return (rounds[variant] / ref).to_numpy()
 
