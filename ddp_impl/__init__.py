@@ -5,10 +5,11 @@ readiness, launch order and finalize, ``distributed`` is the module front-end, `
 ``process_groups`` are the pluggable communication pieces, ``timing`` the per-iteration instrumentation.
 """
 from . import comm_hooks
-from .buckets import Bucket, ParamSpec, assign_buckets
+from .buckets import Bucket, ParamSpec, assign_buckets, initial_buckets
+from .comm_hooks import GradBucket
 from .distributed import DistributedDataParallel
 from .process_groups import RoundRobinProcessGroup
 from .timing import IterationTiming
 
 __all__ = ["DistributedDataParallel", "RoundRobinProcessGroup", "IterationTiming", "Bucket", "ParamSpec",
-           "assign_buckets", "comm_hooks"]
+           "assign_buckets", "initial_buckets", "comm_hooks", "GradBucket"]

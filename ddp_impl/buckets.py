@@ -5,10 +5,13 @@ the reverse of ``model.parameters()`` (roughly the order backward produces their
 dtype) because one flat buffer holds one kind of tensor, and a bucket is closed once it reaches its cap, so it
 may exceed the cap by one tensor. The first bucket of each kind may get a smaller cap so the first ready gradients
 do not wait long before their allreduce starts (torch's 1 MiB, which torch uses only with its default cap).
+Before the first iteration has shown the gradient order, ``initial_buckets`` reproduces torch's own layout, so
+per-bucket comparisons (and comm hooks keyed by bucket index) line up with torch's DDP in every iteration.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+import sys
+from dataclasses import dataclass, replace
 from typing import Sequence
 
 import torch
@@ -100,3 +103,18 @@ def assign_buckets(specs: Sequence[ParamSpec], cap_bytes: int, first_cap_bytes: 
         buckets.append(Bucket(b, tuple(members), tuple(specs[i].name for i in members), numel,
                               numel * s.dtype.itemsize, s.dtype, s.device))
     return buckets
+
+
+def initial_buckets(specs: Sequence[ParamSpec], cap_bytes: int, first_cap_bytes: int,
+                    find_unused_parameters: bool) -> list[Bucket]:
+    """torch's layout before any gradient order is known (torch 2.x).
+
+    Without ``find_unused_parameters`` torch puts every parameter of a kind in one bucket for the first
+    iteration (registration order gives no reliable gradient order) and rebuilds after it. With it torch never
+    rebuilds: it fills buckets in registration order (the first-bucket cap going to the bucket that holds the
+    first parameters) and then reverses the list of buckets, so the last-registered parameters launch first.
+    """
+    if not find_unused_parameters:
+        cap_bytes = first_cap_bytes = sys.maxsize
+    ascending = assign_buckets(specs, cap_bytes, first_cap_bytes, order=range(len(specs)))
+    return [replace(b, index=k) for k, b in enumerate(reversed(ascending))]

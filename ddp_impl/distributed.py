@@ -1,30 +1,36 @@
 """The module front-end: wrapping a local model is the only change a training script needs.
 
-1. Construction checks that every rank holds the same parameters, broadcasts rank 0's parameters and buffers,
-   and builds the reducer (buckets and gradient hooks).
-2. A synchronized forward (grad enabled, outside ``no_sync``) first broadcasts rank 0's buffers, runs the
-   module, then arms the reducer for the coming backward; with ``find_unused_parameters`` it walks the autograd
-   graph from the outputs to find the parameters this iteration will give no gradient.
+1. Construction checks that every rank holds the same parameters, broadcasts rank 0's parameters (and buffers,
+   with ``broadcast_buffers``) in chunks of at most 250 MiB, and builds the reducer (buckets and gradient hooks).
+2. A synchronized forward (grad enabled, outside ``no_sync``) first checks that the previous backward finished
+   its reduction, broadcasts rank 0's current buffers (re-read from the module, so a replaced buffer is sent),
+   runs the module, then arms the reducer for the coming backward; with ``find_unused_parameters`` it walks the
+   autograd graph from every tensor in the output (tensors, lists, tuples, dicts, dataclasses) to find the
+   parameters this iteration will give no gradient.
 3. Inside ``no_sync()`` nothing is communicated: gradients accumulate in ``.grad`` and the next synchronized
    backward reduces their sum.
+4. Pickling (``torch.save``, ``copy.deepcopy``) drops the process group and the reducer, and unpickling
+   rebuilds them on the default group, as torch's DDP does.
 """
 from __future__ import annotations
 
-from contextlib import contextmanager
+import dataclasses
+from contextlib import contextmanager, nullcontext
 from typing import Callable, Iterator
 
 import torch
 import torch.distributed as dist
 from torch import nn
 
-from .buckets import mb_to_bytes
-from .comm_hooks import HOOKS
+from .buckets import MIB, mb_to_bytes
+from .comm_hooks import resolve
 from .process_groups import RoundRobinProcessGroup
 from .reducer import Reducer
 from .timing import IterationTiming, clock_for
 
 DEFAULT_BUCKET_CAP_MB = 25
 DEFAULT_FIRST_BUCKET_CAP_MB = 1  # torch's _DEFAULT_FIRST_BUCKET_BYTES, used only with the default cap
+BROADCAST_CHUNK_BYTES = 250 * MIB  # torch's broadcast_bucket_size: bounds the extra memory of the broadcast
 
 
 class DistributedDataParallel(nn.Module):
@@ -34,26 +40,34 @@ class DistributedDataParallel(nn.Module):
     torch (2.x), the first bucket is capped at 1 MiB only when ``bucket_cap_mb`` is left at its default (25);
     an explicit ``bucket_cap_mb`` caps the first bucket too, unless ``first_bucket_cap_mb`` is given.
     ``overlap=False`` is the paper's non-overlapping baseline (same buckets, all reduced after backward).
-    ``comm_hook`` is a callable ``(group, flat_bucket) -> Future`` or one of ``"allreduce"``, ``"fp16"``,
-    ``"bf16"``. ``process_group`` may be a :class:`RoundRobinProcessGroup`. ``timing=False`` turns the
+    ``rebuild_buckets=False`` keeps the paper's static layout (reverse registration order) instead of torch's
+    (one bucket in the first iteration, then rebuilt in the observed gradient order).
+    ``comm_hook`` registers a torch-API hook at construction: a callable ``(state, GradBucket) -> Future`` or a
+    short name of one of torch's own (``"allreduce"``, ``"fp16"``, ``"bf16"``); ``register_comm_hook`` takes
+    any state. ``process_group`` may be a :class:`RoundRobinProcessGroup`. ``timing=False`` turns the
     per-iteration instrumentation off (``last_timing`` is then ``None``); the attribute may be flipped
-    between iterations.
+    between iterations. Not supported, with a clear error: ``static_graph``, ``join`` (uneven inputs), sparse
+    gradients.
     """
 
     def __init__(self, module: nn.Module, process_group=None, bucket_cap_mb: float | None = None,
                  first_bucket_cap_mb: float | None = None, find_unused_parameters: bool = False,
                  broadcast_buffers: bool = True, overlap: bool = True, gradient_as_bucket_view: bool = False,
-                 rebuild_buckets: bool = True, comm_hook: Callable | str | None = None, timing: bool = True):
+                 rebuild_buckets: bool = True, comm_hook: Callable | str | None = None, timing: bool = True,
+                 static_graph: bool = False):
         super().__init__()
+        if static_graph:
+            raise NotImplementedError(
+                "static_graph=True is not supported by ddp_impl; leave it False (the graph is then found every "
+                "iteration, with find_unused_parameters=True if some parameters are unused), or use torch's "
+                "DistributedDataParallel")
         if first_bucket_cap_mb is None:
             first_bucket_cap_mb = DEFAULT_FIRST_BUCKET_CAP_MB if bucket_cap_mb is None else bucket_cap_mb
         if bucket_cap_mb is None:
             bucket_cap_mb = DEFAULT_BUCKET_CAP_MB
         cap, first_cap = mb_to_bytes(bucket_cap_mb), mb_to_bytes(first_bucket_cap_mb)
-        if isinstance(comm_hook, str):
-            if comm_hook not in HOOKS:
-                raise ValueError(f"unknown comm_hook {comm_hook!r}; choose one of {sorted(HOOKS)}")
-            comm_hook = HOOKS[comm_hook]
+        if comm_hook is not None:
+            comm_hook = resolve(comm_hook)
         if not (dist.is_available() and dist.is_initialized()):
             raise RuntimeError("ddp_impl.DistributedDataParallel needs an initialized process group: call "
                                "torch.distributed.init_process_group(...) first")
@@ -70,20 +84,32 @@ class DistributedDataParallel(nn.Module):
 
         named = [(n, p) for n, p in module.named_parameters() if p.requires_grad]
         if not named:
-            raise ValueError("the module has no parameter that requires a gradient; there is nothing to reduce")
-        self._check_devices(named, dist.get_backend(primary))
-        self._verify_same_parameters(module)
-        self._buffers_list = [b for b in module.buffers()]
+            raise RuntimeError("DistributedDataParallel is not needed when a module doesn't have any parameter "
+                               "that requires a gradient: there is nothing to reduce")
+        device = self._check_devices(named, dist.get_backend(primary))
+        with _current_device(device):  # object collectives run on the current CUDA device
+            self._verify_same_parameters(module)
         if self.world_size > 1:
-            _broadcast_coalesced([p.detach() for p in module.parameters()] + self._buffers_list, primary)
-        self._clock = clock_for(named[0][1].device)
-        self.reducer = Reducer(
-            [p for _, p in named], [n for n, _ in named], group, self.world_size, cap, first_cap,
-            comm_hook or HOOKS["allreduce"], overlap, find_unused_parameters, gradient_as_bucket_view,
-            rebuild_buckets)
+            states = [p.detach() for p in module.parameters()]
+            if broadcast_buffers:  # as torch: buffers are left alone when they are not to be synchronized
+                states += [b.detach() for b in module.buffers()]
+            _broadcast_coalesced(states, primary)
+        self._clock = clock_for(device)
+        self._reducer_args = dict(cap_bytes=cap, first_cap_bytes=first_cap, overlap=overlap,
+                                  find_unused_parameters=find_unused_parameters,
+                                  gradient_as_bucket_view=gradient_as_bucket_view, rebuild_buckets=rebuild_buckets)
+        self.reducer = self._make_reducer()
+        self._comm_hook = None
+        if comm_hook is not None:  # the default group as None, so the model stays picklable (as torch's hooks)
+            self.register_comm_hook(None if group is dist.group.WORLD else group, comm_hook)
+
+    def _make_reducer(self) -> Reducer:
+        named = [(n, p) for n, p in self.module.named_parameters() if p.requires_grad]
+        return Reducer([p for _, p in named], [n for n, _ in named], self.process_group, self.world_size,
+                       **self._reducer_args)
 
     @staticmethod
-    def _check_devices(named, backend: str) -> None:
+    def _check_devices(named, backend: str) -> torch.device:
         devices = {p.device for _, p in named}
         if len(devices) > 1:
             raise ValueError(f"parameters span devices {sorted(map(str, devices))}; use one device per process")
@@ -91,6 +117,7 @@ class DistributedDataParallel(nn.Module):
         if backend == "nccl" and device.type != "cuda":
             raise ValueError(f"the NCCL backend needs CUDA tensors, but parameter {named[0][0]} is on {device}; "
                              "move the module to its GPU first (module.to(f'cuda:{local_rank}')) or use Gloo")
+        return device
 
     def _verify_same_parameters(self, module: nn.Module) -> None:
         """Every rank must wrap the same model, or buckets and collectives would not line up across ranks."""
@@ -119,6 +146,24 @@ class DistributedDataParallel(nn.Module):
         finally:
             self.require_backward_grad_sync = previous
 
+    def register_comm_hook(self, state: object, hook: Callable) -> None:
+        """torch's API: ``hook(state, bucket: GradBucket) -> Future[Tensor]`` reduces each bucket from now on,
+        e.g. ``default_hooks.fp16_compress_hook`` or ``powerSGD_hook.powerSGD_hook``. The buffer is not divided
+        by the world size: the hook averages. A :class:`RoundRobinProcessGroup` as ``state`` is resolved to each
+        bucket's group. Once per model, as in torch."""
+        if self._comm_hook is not None:
+            raise RuntimeError("register_comm_hook can only be called once per DistributedDataParallel model")
+        hook = resolve(hook)
+        self._comm_hook = (hook, state)
+        self.reducer.comm_hook, self.reducer.comm_state = hook, state
+
+    def join(self, *args, **kwargs):
+        raise NotImplementedError(
+            "join() (uneven inputs across ranks) is not supported by ddp_impl: give every rank the same number of "
+            "batches (e.g. DistributedSampler(..., drop_last=True)), or use torch's DistributedDataParallel")
+
+    join_hook = join  # torch.distributed.algorithms.Join([model]) asks for this: the same clear error
+
     @property
     def last_timing(self) -> IterationTiming | None:
         """Stamps of the last synchronized iteration (``.as_dict()`` for milliseconds)."""
@@ -130,19 +175,15 @@ class DistributedDataParallel(nn.Module):
 
     def forward(self, *args, **kwargs):
         reducer = self.reducer
-        if reducer.missing:
-            names, reducer.missing = reducer.missing, []
-            raise RuntimeError(
-                f"{len(names)} parameter(s) received no gradient in the previous iteration, so their buckets were "
-                f"never reduced: {', '.join(names)}. If these parameters are legitimately unused in some "
-                "iterations, construct DistributedDataParallel with find_unused_parameters=True; otherwise make "
-                "sure every output that depends on them takes part in the loss.")
         sync = torch.is_grad_enabled() and self.require_backward_grad_sync
         if sync:
+            reducer.check_prior_finished()
             reducer.rebuild_if_pending()
         timing = IterationTiming(self._clock, len(reducer.buckets)) if sync and self.timing else None
-        if self._sync_buffers_now and self.broadcast_buffers and self._buffers_list and self.world_size > 1:
-            _broadcast_coalesced(self._buffers_list, self._primary)
+        if self._sync_buffers_now and self.broadcast_buffers and self.world_size > 1:
+            buffers = [b.detach() for b in self.module.buffers()]  # re-read: a buffer may have been replaced
+            if buffers:
+                _broadcast_coalesced(buffers, self._primary)
         # Like torch's DDP: buffers are broadcast before a forward iff the previous forward was synchronized.
         self._sync_buffers_now = sync
         output = self.module(*args, **kwargs)
@@ -162,6 +203,7 @@ class DistributedDataParallel(nn.Module):
         """Parameters the autograd graph of ``outputs`` does not reach: they will get no gradient."""
         reached, seen = set(), set()
         stack = [t.grad_fn for t in outputs if t.grad_fn is not None]
+        reached.update(id(t) for t in outputs if t.grad_fn is None)  # an output that is a parameter itself
         while stack:
             fn = stack.pop()
             if fn in seen:
@@ -173,6 +215,23 @@ class DistributedDataParallel(nn.Module):
             stack.extend(nxt for nxt, _ in fn.next_functions if nxt is not None)
         return [i for i, p in enumerate(self.reducer.params) if id(p) not in reached]
 
+    # ---- pickling (torch.save, copy.deepcopy), as torch's DDP --------------------------------------------
+    def __getstate__(self):
+        if self.process_group is not dist.group.WORLD:
+            raise RuntimeError("pickling DistributedDataParallel (torch.save, copy.deepcopy) is only supported "
+                               "with the default process group, as in torch: save model.module instead")
+        state = dict(self.__dict__)
+        for key in ("process_group", "_primary", "reducer"):
+            del state[key]
+        return state
+
+    def __setstate__(self, state):
+        super().__setstate__(state)
+        self.process_group = self._primary = dist.group.WORLD
+        self.reducer = self._make_reducer()
+        if self._comm_hook is not None:
+            self.reducer.comm_hook, self.reducer.comm_state = self._comm_hook
+
 
 def _stamp_backward_start(timing: IterationTiming) -> None:
     if timing.backward_start is None:
@@ -180,7 +239,8 @@ def _stamp_backward_start(timing: IterationTiming) -> None:
 
 
 def _tensors_in(obj) -> Iterator[torch.Tensor]:
-    """Every tensor in a nested output (tensor, tuple, list, dict, or a transformers ModelOutput)."""
+    """Every tensor in a nested output, as torch's DDP finds them: tensors, lists, tuples (named too), dicts
+    (a transformers ModelOutput is one) and dataclasses."""
     if isinstance(obj, torch.Tensor):
         yield obj
     elif isinstance(obj, dict):
@@ -189,22 +249,47 @@ def _tensors_in(obj) -> Iterator[torch.Tensor]:
     elif isinstance(obj, (list, tuple)):
         for v in obj:
             yield from _tensors_in(v)
+    elif dataclasses.is_dataclass(obj) and not isinstance(obj, type):
+        for f in dataclasses.fields(obj):
+            yield from _tensors_in(getattr(obj, f.name))
+
+
+def _current_device(device: torch.device):
+    """On CUDA, make ``device`` current (object collectives and NCCL use the current device)."""
+    return torch.cuda.device(device) if device.type == "cuda" else nullcontext()
 
 
 @torch.no_grad()
-def _broadcast_coalesced(tensors: list[torch.Tensor], group) -> None:
-    """Broadcast rank 0's tensors with one collective per (device, dtype) instead of one per tensor.
+def _broadcast_coalesced(tensors: list[torch.Tensor], group, chunk_bytes: int = BROADCAST_CHUNK_BYTES) -> None:
+    """Broadcast rank 0's tensors with one collective per chunk of one (device, dtype) instead of one per tensor.
 
-    All collectives are in flight at once (one round trip, not one per kind); the source keeps its tensors.
+    A chunk holds at most ``chunk_bytes`` (or one tensor, if bigger), so the extra memory is bounded, as torch's
+    250 MiB broadcast buckets. Up to two chunks are in flight: one is copied out while the next is on the wire.
     """
     src = dist.get_global_rank(group, 0)
+    is_source = dist.get_rank() == src
+    chunks: list[list[torch.Tensor]] = []
     kinds: dict[tuple, list[torch.Tensor]] = {}
     for t in tensors:
         kinds.setdefault((t.device, t.dtype), []).append(t)
-    flats = [torch.cat([t.reshape(-1) for t in same]) for same in kinds.values()]
-    works = [dist.broadcast(flat, src=src, group=group, async_op=True) for flat in flats]
-    is_source = dist.get_rank() == src
-    for same, flat, work in zip(kinds.values(), flats, works):
+    for same in kinds.values():
+        chunk, size = [], 0
+        for t in same:
+            if chunk and size + t.numel() * t.element_size() > chunk_bytes:
+                chunks.append(chunk)
+                chunk, size = [], 0
+            chunk.append(t)
+            size += t.numel() * t.element_size()
+        chunks.append(chunk)
+
+    def start(chunk):
+        flat = torch.cat([t.reshape(-1) for t in chunk])
+        return flat, dist.broadcast(flat, src=src, group=group, async_op=True)
+
+    in_flight = start(chunks[0]) if chunks else None
+    for k, chunk in enumerate(chunks):
+        flat, work = in_flight
+        in_flight = start(chunks[k + 1]) if k + 1 < len(chunks) else None
         work.wait()
         if not is_source:
-            torch._foreach_copy_(same, [v.view_as(t) for v, t in zip(flat.split([t.numel() for t in same]), same)])
+            torch._foreach_copy_(chunk, [v.view_as(t) for v, t in zip(flat.split([t.numel() for t in chunk]), chunk)])

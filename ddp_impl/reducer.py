@@ -1,64 +1,75 @@
 """The reducer: gradient hooks, bucket readiness, in-order launch, and finalize.
 
 1. Each parameter gets a post-accumulate-grad hook. When its gradient is final for this backward, the hook
-   writes it, divided by the world size, into the parameter's slice of a flat bucket.
-2. When every slice of a bucket is written the bucket is ready; ready buckets are launched (async allreduce
-   through the comm hook) strictly in bucket-index order, so every rank issues the same collectives in the
+   writes it into the parameter's slice of a flat bucket (divided by the world size unless a comm hook is
+   registered: then averaging is the hook's job, as in torch).
+2. When every slice of a bucket is written the bucket is ready; ready buckets are launched (our allreduce, or
+   the registered comm hook) strictly in bucket-index order, so every rank issues the same collectives in the
    same order even if gradients arrive in a different order.
-3. The first hook queues a callback that runs when autograd finishes: it waits for the buckets in order and
-   copies each one's averages back into ``.grad`` as soon as it is reduced, while later buckets are still in
-   flight, as torch's reducer does (or leaves ``.grad`` as a view of the bucket).
+3. When the last bucket is ready, a callback is queued on the running backward (like torch's reducer, so a
+   reentrant backward, e.g. reentrant activation checkpointing, finishes inside it). When autograd finishes it
+   waits for the buckets in order and copies each one's averages back into ``.grad`` as soon as it is reduced,
+   while later buckets are still in flight (or leaves ``.grad`` as a view of the bucket). If a backward began
+   but never readied every bucket (a parameter got no gradient, or backward raised), the next synchronized
+   forward raises instead of training on gradients that were never averaged.
 4. With ``find_unused_parameters`` the front-end tells us which parameters the forward graph did not reach;
-   they are marked ready with the first hook, and an allreduced usage bitmap says which were unused on every
-   rank: their ``.grad`` is left untouched.
-5. The order in which gradients became ready in the first iteration (rank 0's) becomes the bucket order from
-   the second iteration on (gradient order prediction). Like torch, the buckets are rebuilt at the start of
-   the next synchronized forward, before any activation exists, and the old ones are freed first unless
-   ``.grad`` still lives in them (``gradient_as_bucket_view``).
+   they are marked ready with the first hook, and an allreduced usage bitmap (usage inside ``no_sync`` counts,
+   as in torch) says which were unused on every rank: their ``.grad`` is left untouched.
+5. Before the first iteration the buckets follow torch's initial layout (``buckets.initial_buckets``). The order
+   in which gradients became ready in the first iteration (rank 0's) becomes the bucket order from the second
+   iteration on (gradient order prediction); like torch, not with ``find_unused_parameters``. The buckets are
+   rebuilt at the start of the next synchronized forward, before any activation exists, and the old ones are
+   freed first unless ``.grad`` still lives in them (``gradient_as_bucket_view``).
 """
 from __future__ import annotations
 
+import warnings
 from typing import Callable, Sequence
 
 import torch
 import torch.distributed as dist
 from torch.autograd import Variable
 
-from .buckets import Bucket, ParamSpec, assign_buckets
+from .buckets import Bucket, ParamSpec, assign_buckets, initial_buckets
+from .comm_hooks import GradBucket
 from .process_groups import RoundRobinProcessGroup
 from .timing import IterationTiming
 
-
 class Reducer:
     def __init__(self, params: Sequence[torch.nn.Parameter], names: Sequence[str], group, world_size: int,
-                 cap_bytes: int, first_cap_bytes: int, comm_hook: Callable, overlap: bool,
-                 find_unused_parameters: bool, gradient_as_bucket_view: bool, rebuild_buckets: bool):
+                 cap_bytes: int, first_cap_bytes: int, overlap: bool, find_unused_parameters: bool,
+                 gradient_as_bucket_view: bool, rebuild_buckets: bool):
         self.params = list(params)
         self.names = list(names)
         self.group = group
         self.world_size = world_size
         self._scale = 1.0 / world_size  # multiply, not divide: bitwise the same averages as torch's reducer
         self.cap_bytes, self.first_cap_bytes = cap_bytes, first_cap_bytes
-        self.comm_hook = comm_hook
+        self.comm_hook: Callable | None = None  # torch's hook API; None: our own averaging allreduce
+        self.comm_state = None
         self.overlap = overlap
         self.find_unused = find_unused_parameters
         self.as_view = gradient_as_bucket_view
-        self.rebuild_pending = rebuild_buckets  # rebuilt once, after the first synchronized iteration
+        rebuild = rebuild_buckets and not find_unused_parameters  # torch never rebuilds with find_unused
+        self.rebuild_pending = rebuild  # rebuilt once, after the first synchronized iteration
         self.specs = [ParamSpec.of(n, p) for n, p in zip(self.names, self.params)]
         self._index = {id(p): i for i, p in enumerate(self.params)}
-        self._build(assign_buckets(self.specs, cap_bytes, first_cap_bytes))
+        if rebuild_buckets:
+            self._build(initial_buckets(self.specs, cap_bytes, first_cap_bytes, find_unused_parameters))
+        else:  # the paper's static layout: reverse registration order, capped from the first iteration
+            self._build(assign_buckets(self.specs, cap_bytes, first_cap_bytes))
 
         self.expect_hooks = False  # True between a synchronized forward and the end of its backward
+        self._started = False  # a hook of the armed backward has run
         self.timing: IterationTiming | None = None
         self.last_timing: IterationTiming | None = None
-        self.missing: list[str] = []  # parameters that got no gradient in the last iteration
         self._unused: list[int] = []
-        self._order: list[int] | None = [] if rebuild_buckets else None
-        self._callback_queued = False
+        self._order: list[int] | None = [] if rebuild else None
         n = len(self.params)
-        self._local_used = torch.zeros(n, dtype=torch.int32, device=self.params[0].device) \
-            if self.find_unused and n else None
-        self._used_work = None
+        self._used = bytearray(n) if self.find_unused else None  # local usage since the last bitmap allreduce
+        self._used_work = self._used_map = None
+        self._local_unused = False
+        self._warned_create_graph = False
         self._hook_handles = [p.register_post_accumulate_grad_hook(self._make_hook(i))
                               for i, p in enumerate(self.params)]
 
@@ -114,33 +125,49 @@ class Reducer:
                     p.grad = new
 
     # ---- per iteration --------------------------------------------------------------------------------
+    def check_prior_finished(self) -> None:
+        """Raise if the last armed backward began but never readied every bucket: its gradients were never
+        averaged (a parameter got no gradient, or backward raised). Like torch, the DDP stays in this state."""
+        if not (self.expect_hooks and self._started):
+            return
+        names = [n for n, ready in zip(self.names, self._ready) if not ready]
+        raise RuntimeError(
+            "Expected to have finished reduction in the prior iteration before starting a new one: the previous "
+            f"backward did not reduce all gradients, so training on would use gradients that were never averaged. "
+            f"{len(names)} parameter(s) received no gradient in it: {', '.join(names)}. Either that backward "
+            "raised an exception (gradients of a failed backward cannot be averaged; rebuild the DDP model, or "
+            "retry in a way that completes backward on every rank), or these parameters took no part in the "
+            "loss: if they are legitimately unused in some iterations, construct DistributedDataParallel with "
+            "find_unused_parameters=True; otherwise make sure every output that depends on them takes part in "
+            "the loss.")
+
     def prepare_for_backward(self, timing: IterationTiming | None, unused: list[int]) -> None:
         """Called by a synchronized forward: arm the hooks for the coming backward."""
         self.expect_hooks = True
+        self._started = False
         self.timing = timing
         self._unused = unused
         self._pending = list(self.bucket_sizes)
+        self._buckets_left = len(self.buckets)
         self._ready = [False] * len(self.params)
         self._next_launch = 0
         self._futures: list = [None] * len(self.buckets)
-        if self._local_used is not None:
-            self._local_used.zero_()
-            self._used_work = None
 
     def _make_hook(self, i: int):
         def hook(param: torch.Tensor) -> None:
             if self.expect_hooks:
                 self._grad_ready(i)
+            elif self._used is not None:
+                self._used[i] = 1  # a no_sync backward: its usage counts at the next synchronized one
         return hook
 
     def _grad_ready(self, i: int) -> None:
-        if not self._callback_queued:
-            self._callback_queued = True
-            Variable._execution_engine.queue_callback(self._finalize)
+        if not self._started:
+            self._started = True
             for j in self._unused:
                 self._mark_ready(j)
-        if self._local_used is not None:
-            self._local_used[i] = 1
+        if self._used is not None:
+            self._used[i] = 1
         if self._order is not None:
             self._order.append(i)
         self._mark_ready(i)
@@ -148,87 +175,125 @@ class Reducer:
     def _mark_ready(self, i: int) -> None:
         if self._ready[i]:
             raise RuntimeError(
-                f"parameter {self.names[i]} received its gradient twice in one backward; this DDP supports one "
-                "backward per forward (no reentrant backward, no parameter used by two separate backward passes)")
+                f"parameter {self.names[i]} received its gradient twice in one backward, or it was taken as unused "
+                "by find_unused_parameters (no tensor of the forward's output reaches it: is the output a type "
+                "whose tensors cannot be found, or is the parameter behind reentrant checkpointing?); this DDP "
+                "supports one backward per forward and no parameter used by two separate backward passes")
         self._ready[i] = True
         grad, view = self.params[i].grad, self.views[i]
+        scale = self._scale if self.comm_hook is None else None
         if grad is None:
             view.zero_()
         elif grad.is_sparse:
-            raise RuntimeError(f"parameter {self.names[i]} has a sparse gradient, which this DDP does not support")
-        elif self.as_view and grad.data_ptr() == view.data_ptr():
-            grad.mul_(self._scale)
+            raise RuntimeError(f"parameter {self.names[i]} has a sparse gradient, which this DDP does not support; "
+                               "use a dense embedding (sparse=False) or torch's DistributedDataParallel")
         else:
-            torch.mul(grad, self._scale, out=view)
-            if self.as_view:
-                self.params[i].grad = view
+            if grad.requires_grad:  # backward(create_graph=True): average the values, not the graph (as torch)
+                self._warn_create_graph()
+                grad = grad.detach()
+            if self.as_view and grad.data_ptr() == view.data_ptr():
+                if scale is not None:
+                    grad.mul_(scale)
+            else:
+                if scale is not None:
+                    torch.mul(grad, scale, out=view)
+                else:
+                    view.copy_(grad)
+                if self.as_view:
+                    self.params[i].grad = view
         b = self.bucket_of[i]
         self._pending[b] -= 1
-        if self._pending[b] == 0 and self.overlap:
-            self._launch_ready()
+        if self._pending[b] == 0:
+            self._buckets_left -= 1
+            if self.overlap:
+                self._launch_ready()
+            if self._buckets_left == 0:  # on the backward running now, which may be a reentrant one
+                Variable._execution_engine.queue_callback(self._finalize)
+
+    def _warn_create_graph(self) -> None:
+        if not self._warned_create_graph:
+            self._warned_create_graph = True
+            warnings.warn("DistributedDataParallel with backward(create_graph=True): gradients are averaged "
+                          "across ranks, but higher-order gradients are not synchronized (as in torch's DDP)",
+                          stacklevel=3)
 
     def _launch_ready(self) -> None:
         while self._next_launch < len(self.buckets) and self._pending[self._next_launch] == 0:
             self._launch(self._next_launch)
             self._next_launch += 1
-        if self._next_launch == len(self.buckets) and self._local_used is not None:
-            self._used_work = dist.all_reduce(self._local_used, group=self.primary_group, async_op=True)
+        if self._next_launch == len(self.buckets) and self._used is not None:
+            self._launch_used_map()
 
     def _launch(self, b: int) -> None:
         timing = self.timing
         if timing is not None:
             timing.bucket_launch[b] = timing.clock.stamp()
-        self._futures[b] = self.comm_hook(self._group_for(b), self.flats[b])
+        if self.comm_hook is None:  # in place on the ProcessGroup itself, as torch's C++ reducer does
+            self._futures[b] = self._group_for(b).allreduce([self.flats[b]]).get_future()
+            return
+        state = self.comm_state
+        if isinstance(state, RoundRobinProcessGroup):
+            state = state.group_for(b)
+        bucket = GradBucket(b, self.flats[b], self._bucket_views[b],
+                            [self.params[i] for i in self.buckets[b].param_indices], b == len(self.buckets) - 1)
+        self._futures[b] = self.comm_hook(state, bucket)
+
+    def _launch_used_map(self) -> None:
+        """Allreduce the usage bitmap; only a rank with a locally unused parameter will wait for it."""
+        used, self._used = self._used, bytearray(len(self.params))
+        device = self.params[0].device
+        host = torch.frombuffer(used, dtype=torch.uint8).to(torch.int32)
+        if device.type == "cuda":  # an asynchronous copy: no host sync unless a parameter is unused here
+            host = host.pin_memory()
+        self._used_map = host.to(device, non_blocking=True)
+        self._local_unused = 0 in used
+        self._used_work = dist.all_reduce(self._used_map, group=self.primary_group, async_op=True)
 
     def _finalize(self) -> None:
         """Runs once autograd has finished: wait for each bucket, write its averages back to ``.grad``."""
-        self._callback_queued = False
         self.expect_hooks = False
+        self._started = False
         timing = self.timing
         if timing is not None:
             timing.backward_end = timing.clock.stamp()
             if timing.backward_start is None:
                 timing.backward_start = timing.backward_end
-        if not self.overlap and all(p == 0 for p in self._pending):
+        if not self.overlap:
             self._launch_ready()
-        self.missing = [] if all(self._ready) else [n for n, ready in zip(self.names, self._ready) if not ready]
         futures, self._futures = self._futures, []  # their values hold the buckets: not kept past this iteration
         # The common case: each bucket goes back to .grad as soon as it is reduced, while later buckets are still
         # in flight. Views, unused-parameter detection and missing .grad go through _write_back at the end.
         grads = None
-        if not (self.missing or self.as_view or self._local_used is not None):
+        if not (self.as_view or self._used is not None):
             grads = [p.grad for p in self.params]
             if any(g is None for g in grads):
                 grads = None
         if timing is not None:  # finish stamped here, not by a callback on the comm thread; on the host clock a
             # bucket already done now reads as done now, not after the write-back of the buckets before it
-            done = [timing.clock.on_host and f is not None and f.done() for f in futures]
+            done = [timing.clock.on_host and f.done() for f in futures]
             timing.comm_end = now = timing.clock.stamp()
-        for b, f in enumerate(futures):
-            if f is None:
-                continue
-            value = f.wait()
-            if timing is not None:
-                if done[b]:
-                    timing.bucket_finish[b] = now
-                else:
-                    timing.bucket_finish[b] = timing.comm_end = timing.clock.stamp()
-            if self.missing:
-                continue  # wait anyway: the launched buckets must finish on every rank
-            if isinstance(value, list):  # a collective's own future: [reduced tensor]
-                value = value[0]
-            if value is not self.flats[b]:
-                self.flats[b].copy_(value)
-            if grads is not None:
-                torch._foreach_copy_([grads[i] for i in self.buckets[b].param_indices], self._bucket_views[b])
-        if self.missing:
-            return  # the next forward reports the missing ones
-        if grads is None:
-            unused_everywhere = set()
-            if self._used_work is not None:
-                self._used_work.wait()
-                unused_everywhere = set((self._local_used == 0).nonzero().flatten().tolist())
-            self._write_back(unused_everywhere)
+        with torch.no_grad():  # with create_graph=True this runs in grad mode: the copies are not part of it
+            for b, f in enumerate(futures):
+                value = f.wait()
+                if timing is not None:
+                    if done[b]:
+                        timing.bucket_finish[b] = now
+                    else:
+                        timing.bucket_finish[b] = timing.comm_end = timing.clock.stamp()
+                if isinstance(value, list):  # a collective's own future: [reduced tensor]
+                    value = value[0]
+                if value is not self.flats[b]:
+                    self.flats[b].copy_(value)
+                if grads is not None:
+                    torch._foreach_copy_([grads[i] for i in self.buckets[b].param_indices], self._bucket_views[b])
+            if grads is None:
+                unused_everywhere = set()
+                if self._used_work is not None:
+                    self._used_work.wait()
+                    if self._local_unused:  # only then is the bitmap read on the host
+                        unused_everywhere = set((self._used_map == 0).nonzero().flatten().tolist())
+                    self._used_work = self._used_map = None
+                self._write_back(unused_everywhere)
         self.last_timing = timing
 
     def _write_back(self, skip: set[int]) -> None:
@@ -246,7 +311,7 @@ class Reducer:
             if p.grad is None:
                 p.grad = self.views[i].clone()
             else:
-                grads.append(p.grad)
+                grads.append(p.grad.detach())
                 views.append(self.views[i])
         if grads:
             torch._foreach_copy_(grads, views)

@@ -36,14 +36,11 @@ from harness.models import build_model, compute_loss, input_spec, make_inputs
 NS_PER_MS = 1e6
 
 
-def _comm_hook(impl: str, name: str):
-    if not name:
-        return None
-    if impl == "torch":
-        from torch.distributed.algorithms.ddp_comm_hooks import default_hooks as hooks
-    else:
-        from ddp_impl import comm_hooks as hooks
-    return getattr(hooks, f"{name}_hook")
+def _comm_hook(name: str):
+    """torch's own hook for a COMM_HOOKS name; both DDPs take it through ``register_comm_hook``."""
+    from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
+
+    return getattr(default_hooks, f"{name}_hook")
 
 
 def wrap_model(model: torch.nn.Module, cfg: TrainConfig, ctx: RankContext):
@@ -56,19 +53,20 @@ def wrap_model(model: torch.nn.Module, cfg: TrainConfig, ctx: RankContext):
             process_group=ctx.group, bucket_cap_mb=cfg.bucket_cap_mb,
             gradient_as_bucket_view=cfg.gradient_as_bucket_view,
         )
-        if cfg.comm_hook:
-            ddp.register_comm_hook(ctx.group, _comm_hook("torch", cfg.comm_hook))
         ddp._set_ddp_runtime_logging_sample_rate(1)
-        return ddp
-    from ddp_impl import DistributedDataParallel, RoundRobinProcessGroup  # lazily: ddp_impl may be in progress
+    else:
+        from ddp_impl import DistributedDataParallel, RoundRobinProcessGroup
 
-    group = ctx.group
-    if cfg.round_robin_groups > 1:
-        group = RoundRobinProcessGroup.new(cfg.round_robin_groups, timeout=datetime.timedelta(seconds=ctx.timeout_s))
-    return DistributedDataParallel(
-        model, process_group=group, bucket_cap_mb=cfg.bucket_cap_mb, overlap=cfg.overlap,
-        gradient_as_bucket_view=cfg.gradient_as_bucket_view, comm_hook=_comm_hook("ours", cfg.comm_hook),
-    )
+        group = ctx.group
+        if cfg.round_robin_groups > 1:
+            group = RoundRobinProcessGroup.new(cfg.round_robin_groups,
+                                               timeout=datetime.timedelta(seconds=ctx.timeout_s))
+        ddp = DistributedDataParallel(
+            model, process_group=group, bucket_cap_mb=cfg.bucket_cap_mb, overlap=cfg.overlap,
+            gradient_as_bucket_view=cfg.gradient_as_bucket_view)
+    if cfg.comm_hook:  # ours resolves a round-robin group given as state to each bucket's group
+        ddp.register_comm_hook(ddp.process_group, _comm_hook(cfg.comm_hook))
+    return ddp
 
 
 class _Breakdown:
