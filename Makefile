@@ -10,7 +10,7 @@ FIGURES := fig2 fig6 fig7 fig8 fig9 fig10 fig11 fig12
 WS_ARG = $(if $(WORLD_SIZE),--world_size=$(WORLD_SIZE))
 fig9 fig10 fig11 fig2: WS_ARG =
 
-.PHONY: setup test clean figures plots bench $(FIGURES)
+.PHONY: setup test clean figures plots bench torch-ddp-tests $(FIGURES)
 
 setup: $(STAMP)
 
@@ -34,6 +34,10 @@ plots: setup
 # Our DDP vs torch's, interleaved, per (model, bucket cap); `make bench ARGS="--models=resnet50 --caps=25"`.
 bench: setup
 	$(PY) -m harness.bench $(ARGS)
+
+# torch's own DDP tests (shipped in the wheel) against ours, CUDA mapped to CPU; outside `make test` (~12 min).
+torch-ddp-tests: setup
+	SHIM_CUDA=1 ../shared/torch-ddp-tests/run.sh ours
 
 clean:
 	rm -rf $(VENV) .pytest_cache
