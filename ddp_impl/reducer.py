@@ -89,6 +89,7 @@ class Reducer:
                 offset += numel
         self.bucket_sizes = [len(b.param_indices) for b in buckets]
         self._bucket_views = [[self.views[i] for i in b.param_indices] for b in buckets]
+        self._bucket_params = [[self.params[i] for i in b.param_indices] for b in buckets]
 
     def _group_for(self, bucket_index: int):
         if isinstance(self.group, RoundRobinProcessGroup):
@@ -234,8 +235,8 @@ class Reducer:
         state = self.comm_state
         if isinstance(state, RoundRobinProcessGroup):
             state = state.group_for(b)
-        bucket = GradBucket(b, self.flats[b], self._bucket_views[b],
-                            [self.params[i] for i in self.buckets[b].param_indices], b == len(self.buckets) - 1)
+        bucket = GradBucket(b, self.flats[b], self._bucket_views[b], self._bucket_params[b],
+                            b == len(self.buckets) - 1)
         self._futures[b] = self.comm_hook(state, bucket)
 
     def _launch_used_map(self) -> None:
@@ -311,7 +312,7 @@ class Reducer:
             if p.grad is None:
                 p.grad = self.views[i].clone()
             else:
-                grads.append(p.grad.detach())
+                grads.append(p.grad)
                 views.append(self.views[i])
         if grads:
             torch._foreach_copy_(grads, views)

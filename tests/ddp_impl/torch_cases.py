@@ -30,6 +30,16 @@ def _grads(model):
     return [None if p.grad is None else p.grad.detach().clone() for p in model.parameters()]
 
 
+def _steps(model, backward_step, steps=3):
+    """Gradients after each of ``steps`` iterations of ``backward_step(step)``, zeroed before each."""
+    grads = []
+    for step in range(steps):
+        model.zero_grad()
+        backward_step(step)
+        grads.append(_grads(model))
+    return grads
+
+
 def _outcome(fn):
     """A case's result, or the type of the error it raised (compared across DDPs)."""
     try:
@@ -92,14 +102,12 @@ class TwoHeads(nn.Module):
 def no_sync_unused(ctx, impl):
     torch.manual_seed(0)
     model = IMPLS[impl](TwoHeads().double(), find_unused_parameters=True)
-    grads = []
-    for step in range(3):
-        model.zero_grad()
+
+    def step_fn(step):
         with model.no_sync():
             model(_x(ctx.rank, step), "b").sum().backward()  # `b` used only in the no_sync micro-step
         model(_x(ctx.rank, step + 10), "a").sum().backward()
-        grads.append(_grads(model))
-    return grads
+    return _steps(model, step_fn)
 
 
 # ---- 3. reentrant activation checkpointing --------------------------------------------------------------
@@ -117,12 +125,7 @@ class Checkpointed(nn.Module):
 def reentrant_checkpoint(ctx, impl):
     torch.manual_seed(0)
     model = IMPLS[impl](Checkpointed().double(), bucket_cap_mb=0)
-    grads = []
-    for step in range(3):
-        model.zero_grad()
-        model(_x(ctx.rank, step).requires_grad_()).sum().backward()
-        grads.append(_grads(model))
-    return grads
+    return _steps(model, lambda step: model(_x(ctx.rank, step).requires_grad_()).sum().backward())
 
 
 # ---- 4. dataclass outputs with find_unused_parameters ---------------------------------------------------
@@ -145,13 +148,11 @@ class DataclassNet(nn.Module):
 def dataclass_output(ctx, impl):
     torch.manual_seed(0)
     model = IMPLS[impl](DataclassNet().double(), find_unused_parameters=True)
-    grads = []
-    for step in range(3):
-        model.zero_grad()
+
+    def step_fn(step):
         out = model(_x(ctx.rank, step))
         (out.logits.sum() + out.extra["sq"].sum()).backward()
-        grads.append(_grads(model))
-    return grads
+    return _steps(model, step_fn)
 
 
 # ---- 5. a buffer replaced on rank 0 --------------------------------------------------------------------
@@ -243,7 +244,3 @@ def hooks_and_layout(ctx, impl, hook_name, cap, find_unused, as_view=False):
         grads.append(_grads(ddp))
         layouts.append(sorted(log))
     return grads, layouts
-
-
-def world_size_one(ctx, impl):
-    return no_sync_unused(ctx, impl)
