@@ -60,23 +60,28 @@ def mb_to_bytes(mb: float) -> int:
     return int(mb * MIB)
 
 
-def assign_buckets(specs: Sequence[ParamSpec], cap_bytes: int, first_cap_bytes: int | None = None,
+def assign_buckets(specs: Sequence[ParamSpec], cap_bytes: int | Sequence[int], first_cap_bytes: int | None = None,
                    order: Sequence[int] | None = None) -> list[Bucket]:
     """Group parameters into buckets.
 
     ``order`` lists parameter indices in the order their gradients are expected (default: reverse registration
     order). A cap of 0 gives one bucket per parameter; a cap larger than the model gives one bucket per kind.
+    ``cap_bytes`` may also be a list of per-bucket caps (torch's ``bucket_cap_mb_list``): the k-th bucket of each
+    kind is closed at the k-th cap, the last cap repeating (``first_cap_bytes`` is then ignored).
     Buckets are numbered by the position of their first parameter in ``order``, which is the order in which
     every rank launches them.
     """
-    if cap_bytes < 0 or (first_cap_bytes is not None and first_cap_bytes < 0):
+    if isinstance(cap_bytes, int):
+        limits = [cap_bytes if first_cap_bytes is None else min(first_cap_bytes, cap_bytes), cap_bytes]
+    else:
+        limits = list(cap_bytes)
+    if not limits or min(limits) < 0 or (first_cap_bytes is not None and first_cap_bytes < 0):
         raise ValueError(f"bucket caps must be >= 0 bytes, got cap={cap_bytes}, first={first_cap_bytes}")
     if order is None:
         order = range(len(specs) - 1, -1, -1)
     order = list(order)
     if sorted(order) != list(range(len(specs))):
         raise ValueError("order must be a permutation of the parameter indices")
-    first_cap = cap_bytes if first_cap_bytes is None else min(first_cap_bytes, cap_bytes)
 
     open_buckets: dict[tuple, list[int]] = {}
     open_bytes: dict[tuple, int] = {}
@@ -87,7 +92,7 @@ def assign_buckets(specs: Sequence[ParamSpec], cap_bytes: int, first_cap_bytes: 
         members = open_buckets.setdefault(key, [])
         members.append(i)
         open_bytes[key] = open_bytes.get(key, 0) + specs[i].nbytes
-        limit = first_cap if closed_count.get(key, 0) == 0 else cap_bytes
+        limit = limits[min(closed_count.get(key, 0), len(limits) - 1)]
         if open_bytes[key] >= limit:
             groups.append(members)
             closed_count[key] = closed_count.get(key, 0) + 1
@@ -105,16 +110,17 @@ def assign_buckets(specs: Sequence[ParamSpec], cap_bytes: int, first_cap_bytes: 
     return buckets
 
 
-def initial_buckets(specs: Sequence[ParamSpec], cap_bytes: int, first_cap_bytes: int,
+def initial_buckets(specs: Sequence[ParamSpec], cap_bytes: int | Sequence[int], first_cap_bytes: int,
                     find_unused_parameters: bool) -> list[Bucket]:
     """torch's layout before any gradient order is known (torch 2.x).
 
     Without ``find_unused_parameters`` torch puts every parameter of a kind in one bucket for the first
-    iteration (registration order gives no reliable gradient order) and rebuilds after it. With it torch never
-    rebuilds: it fills buckets in registration order (the first-bucket cap going to the bucket that holds the
-    first parameters) and then reverses the list of buckets, so the last-registered parameters launch first.
+    iteration (registration order gives no reliable gradient order) and rebuilds after it. With it (where torch
+    never rebuilds), or with a list of per-bucket caps, torch fills buckets in registration order (the first cap
+    going to the bucket that holds the first parameters) and then reverses the list of buckets, so the
+    last-registered parameters launch first.
     """
-    if not find_unused_parameters:
+    if not find_unused_parameters and isinstance(cap_bytes, int):
         cap_bytes = first_cap_bytes = sys.maxsize
     ascending = assign_buckets(specs, cap_bytes, first_cap_bytes, order=range(len(specs)))
     return [replace(b, index=k) for k, b in enumerate(reversed(ascending))]

@@ -1,7 +1,7 @@
 """The module front-end: wrapping a local model is the only change a training script needs.
 
-1. Construction checks that every rank holds the same parameters, broadcasts rank 0's parameters (and buffers,
-   with ``broadcast_buffers``) in chunks of at most 250 MiB, and builds the reducer (buckets and gradient hooks).
+1. Construction checks that every rank holds the same parameters, broadcasts rank 0's parameters and buffers
+   in chunks of at most 250 MiB (``init_sync``), and builds the reducer (buckets and gradient hooks).
 2. A synchronized forward (grad enabled, outside ``no_sync``) first checks that the previous backward finished
    its reduction, broadcasts rank 0's current buffers (re-read from the module, so a replaced buffer is sent),
    runs the module, then arms the reducer for the coming backward; with ``find_unused_parameters`` it walks the
@@ -15,8 +15,9 @@
 from __future__ import annotations
 
 import dataclasses
+import warnings
 from contextlib import contextmanager, nullcontext
-from typing import Callable, Iterator
+from typing import Callable, Iterator, Sequence
 
 import torch
 import torch.distributed as dist
@@ -39,6 +40,8 @@ class DistributedDataParallel(nn.Module):
     ``bucket_cap_mb`` and ``first_bucket_cap_mb`` are MiB like torch's; 0 gives one bucket per parameter. As in
     torch (2.x), the first bucket is capped at 1 MiB only when ``bucket_cap_mb`` is left at its default (25);
     an explicit ``bucket_cap_mb`` caps the first bucket too, unless ``first_bucket_cap_mb`` is given.
+    ``bucket_cap_mb_list`` (torch 2.14) gives one cap per bucket instead, the last repeating; those buckets are
+    filled in registration order in the first iteration and rebuilt in gradient order, as torch does.
     ``overlap=False`` is the paper's non-overlapping baseline (same buckets, all reduced after backward).
     ``rebuild_buckets=False`` keeps the paper's static layout (reverse registration order) instead of torch's
     (one bucket in the first iteration, then rebuilt in the observed gradient order).
@@ -46,26 +49,31 @@ class DistributedDataParallel(nn.Module):
     short name of one of torch's own (``"allreduce"``, ``"fp16"``, ``"bf16"``); ``register_comm_hook`` takes
     any state. ``process_group`` may be a :class:`RoundRobinProcessGroup`. ``timing=False`` turns the
     per-iteration instrumentation off (``last_timing`` is then ``None``); the attribute may be flipped
-    between iterations. Not supported, with a clear error: ``static_graph``, ``join`` (uneven inputs), sparse
+    between iterations. ``static_graph=True`` (torch's meaning: the same parameters are used, the same number of
+    times, every iteration) learns in the first iteration how many gradient hooks each parameter fires and which
+    never fire; later iterations need no graph search and allow reentrant backwards, a parameter checkpointed
+    twice, and unused parameters without ``find_unused_parameters``. Buffers follow torch 2.14: ``forward_sync_buffers`` (default True) broadcasts rank 0's
+    buffers before each synchronized forward; they are always broadcast at construction unless ``init_sync=False``
+    (which skips the parameter check and broadcast too) or the deprecated ``broadcast_buffers=False`` is given.
+    Not supported, with a clear error: ``join`` (uneven inputs), sparse
     gradients.
     """
 
     def __init__(self, module: nn.Module, process_group=None, bucket_cap_mb: float | None = None,
                  first_bucket_cap_mb: float | None = None, find_unused_parameters: bool = False,
-                 broadcast_buffers: bool = True, overlap: bool = True, gradient_as_bucket_view: bool = False,
+                 broadcast_buffers: bool | None = None, overlap: bool = True, gradient_as_bucket_view: bool = False,
                  rebuild_buckets: bool = True, comm_hook: Callable | str | None = None, timing: bool = True,
-                 static_graph: bool = False):
+                 static_graph: bool = False, forward_sync_buffers: bool | None = None, init_sync: bool = True,
+                 bucket_cap_mb_list: Sequence[float] | None = None):
         super().__init__()
-        if static_graph:
-            raise NotImplementedError(
-                "static_graph=True is not supported by ddp_impl; leave it False (the graph is then found every "
-                "iteration, with find_unused_parameters=True if some parameters are unused), or use torch's "
-                "DistributedDataParallel")
         if first_bucket_cap_mb is None:
             first_bucket_cap_mb = DEFAULT_FIRST_BUCKET_CAP_MB if bucket_cap_mb is None else bucket_cap_mb
         if bucket_cap_mb is None:
             bucket_cap_mb = DEFAULT_BUCKET_CAP_MB
         cap, first_cap = mb_to_bytes(bucket_cap_mb), mb_to_bytes(first_bucket_cap_mb)
+        self.bucket_bytes_cap_list = [mb_to_bytes(mb) for mb in bucket_cap_mb_list or ()]  # torch's attribute
+        if self.bucket_bytes_cap_list:
+            cap = self.bucket_bytes_cap_list
         if comm_hook is not None:
             comm_hook = resolve(comm_hook)
         if not (dist.is_available() and dist.is_initialized()):
@@ -76,8 +84,11 @@ class DistributedDataParallel(nn.Module):
         primary = group.primary if isinstance(group, RoundRobinProcessGroup) else group
         self.process_group, self._primary = group, primary
         self.world_size = dist.get_world_size(primary)
-        self.broadcast_buffers = broadcast_buffers
+        self.forward_sync_buffers, init_sync_buffers = _buffer_sync(broadcast_buffers, forward_sync_buffers)
+        self.broadcast_bucket_size = BROADCAST_CHUNK_BYTES  # torch's public attribute, same meaning
+        self.parameters_to_ignore: set[str] = set()  # torch's public attribute; ignoring is not supported
         self.find_unused_parameters = find_unused_parameters
+        self.static_graph = static_graph
         self.require_backward_grad_sync = True
         self._sync_buffers_now = True
         self.timing = timing
@@ -87,16 +98,17 @@ class DistributedDataParallel(nn.Module):
             raise RuntimeError("DistributedDataParallel is not needed when a module doesn't have any parameter "
                                "that requires a gradient: there is nothing to reduce")
         device = self._check_devices(named, dist.get_backend(primary))
-        with _current_device(device):  # object collectives run on the current CUDA device
-            self._verify_same_parameters(module)
-        if self.world_size > 1:
+        if init_sync:  # False: the user vouches that every rank already holds the same model (as torch)
+            with _current_device(device):  # object collectives run on the current CUDA device
+                self._verify_same_parameters(module)
+        if init_sync and self.world_size > 1:
             states = [p.detach() for p in module.parameters()]
-            if broadcast_buffers:  # as torch: buffers are left alone when they are not to be synchronized
+            if init_sync_buffers:
                 states += [b.detach() for b in module.buffers()]
             _broadcast_coalesced(states, primary)
         self._clock = clock_for(device)
         self._reducer_args = dict(cap_bytes=cap, first_cap_bytes=first_cap, overlap=overlap,
-                                  find_unused_parameters=find_unused_parameters,
+                                  find_unused_parameters=find_unused_parameters, static_graph=static_graph,
                                   gradient_as_bucket_view=gradient_as_bucket_view, rebuild_buckets=rebuild_buckets)
         self.reducer = self._make_reducer()
         self._comm_hook = None
@@ -136,6 +148,15 @@ class DistributedDataParallel(nn.Module):
                                f"has {len(theirs)}; every rank must wrap the same model")
 
     # ---- public API -----------------------------------------------------------------------------------
+    @property
+    def broadcast_buffers(self) -> bool:
+        """torch's deprecated name of ``forward_sync_buffers``."""
+        return self.forward_sync_buffers
+
+    @broadcast_buffers.setter
+    def broadcast_buffers(self, value: bool) -> None:
+        self.forward_sync_buffers = value
+
     @contextmanager
     def no_sync(self) -> Iterator[None]:
         """Accumulate gradients locally; the first backward after leaving reduces the accumulated sum."""
@@ -180,7 +201,7 @@ class DistributedDataParallel(nn.Module):
             reducer.check_prior_finished()
             reducer.rebuild_if_pending()
         timing = IterationTiming(self._clock, len(reducer.buckets)) if sync and self.timing else None
-        if self._sync_buffers_now and self.broadcast_buffers and self.world_size > 1:
+        if self._sync_buffers_now and self.forward_sync_buffers and self.world_size > 1:
             buffers = [b.detach() for b in self.module.buffers()]  # re-read: a buffer may have been replaced
             if buffers:
                 _broadcast_coalesced(buffers, self._primary)
@@ -195,7 +216,10 @@ class DistributedDataParallel(nn.Module):
             if timing is not None:
                 for t in tensors:
                     t.register_hook(lambda grad: _stamp_backward_start(timing))
-            unused = self._unused_parameters(tensors) if self.find_unused_parameters else []
+            unused = []
+            if self.find_unused_parameters and not self.static_graph:  # a static graph's reducer knows already
+                with torch.autograd.profiler.record_function("search_unused_parameters"):  # torch's name
+                    unused = self._unused_parameters(tensors)
             reducer.prepare_for_backward(timing, unused)
         return output
 
@@ -231,6 +255,22 @@ class DistributedDataParallel(nn.Module):
         self.reducer = self._make_reducer()
         if self._comm_hook is not None:
             self.reducer.comm_hook, self.reducer.comm_state = self._comm_hook
+
+
+def _buffer_sync(broadcast_buffers: bool | None, forward_sync_buffers: bool | None) -> tuple[bool, bool]:
+    """(sync buffers before each forward, sync them at construction), as torch 2.14 resolves its arguments:
+    ``forward_sync_buffers`` wins and leaves the construction sync on; the deprecated ``broadcast_buffers``
+    governs both, with torch's FutureWarning."""
+    if broadcast_buffers is not None:
+        warnings.warn("`broadcast_buffers` is deprecated (as in torch 2.14): use `forward_sync_buffers`, which does "
+                      "not stop the buffer broadcast at construction; "
+                      + ("it wins over `broadcast_buffers`, whose value is ignored" if forward_sync_buffers is not None
+                         else "keep `broadcast_buffers=False` where rank-local buffers must survive construction"),
+                      FutureWarning, stacklevel=3)
+    if forward_sync_buffers is not None:
+        return forward_sync_buffers, True
+    sync = True if broadcast_buffers is None else broadcast_buffers
+    return sync, sync
 
 
 def _stamp_backward_start(timing: IterationTiming) -> None:

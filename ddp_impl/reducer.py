@@ -15,7 +15,11 @@
 4. With ``find_unused_parameters`` the front-end tells us which parameters the forward graph did not reach;
    they are marked ready with the first hook, and an allreduced usage bitmap (usage inside ``no_sync`` counts,
    as in torch) says which were unused on every rank: their ``.grad`` is left untouched.
-5. Before the first iteration the buckets follow torch's initial layout (``buckets.initial_buckets``). The order
+5. With ``static_graph`` the first synchronized backward only counts how often each parameter's hook fires
+   (reentrant checkpointing can fire it twice) and reduces everything once autograd is done; from then on a
+   parameter is ready when its hook has fired that many times, the ones that never fired are marked ready with
+   the first hook (as with ``find_unused_parameters``), and those unused on every rank keep their ``.grad``.
+6. Before the first iteration the buckets follow torch's initial layout (``buckets.initial_buckets``). The order
    in which gradients became ready in the first iteration (rank 0's) becomes the bucket order from the second
    iteration on (gradient order prediction); like torch, not with ``find_unused_parameters``. The buckets are
    rebuilt at the start of the next synchronized forward, before any activation exists, and the old ones are
@@ -37,8 +41,8 @@ from .timing import IterationTiming
 
 class Reducer:
     def __init__(self, params: Sequence[torch.nn.Parameter], names: Sequence[str], group, world_size: int,
-                 cap_bytes: int, first_cap_bytes: int, overlap: bool, find_unused_parameters: bool,
-                 gradient_as_bucket_view: bool, rebuild_buckets: bool):
+                 cap_bytes: int | list[int], first_cap_bytes: int, overlap: bool, find_unused_parameters: bool,
+                 gradient_as_bucket_view: bool, rebuild_buckets: bool, static_graph: bool = False):
         self.params = list(params)
         self.names = list(names)
         self.group = group
@@ -48,7 +52,12 @@ class Reducer:
         self.comm_hook: Callable | None = None  # torch's hook API; None: our own averaging allreduce
         self.comm_state = None
         self.overlap = overlap
+        if static_graph:  # the first iteration finds the unused parameters once and for all
+            find_unused_parameters = False
         self.find_unused = find_unused_parameters
+        self.static = static_graph
+        self._expected: list[int] | None = None  # static graph: hooks per parameter per backward, once learnt
+        self._static_skip: set[int] = set()  # static graph: parameters unused on every rank
         self.as_view = gradient_as_bucket_view
         rebuild = rebuild_buckets and not find_unused_parameters  # torch never rebuilds with find_unused
         self.rebuild_pending = rebuild  # rebuilt once, after the first synchronized iteration
@@ -70,6 +79,7 @@ class Reducer:
         self._used_work = self._used_map = None
         self._local_unused = False
         self._warned_create_graph = False
+        self._finalize_queued = False
         self._hook_handles = [p.register_post_accumulate_grad_hook(self._make_hook(i))
                               for i, p in enumerate(self.params)]
 
@@ -131,11 +141,11 @@ class Reducer:
         averaged (a parameter got no gradient, or backward raised). Like torch, the DDP stays in this state."""
         if not (self.expect_hooks and self._started):
             return
-        names = [n for n, ready in zip(self.names, self._ready) if not ready]
+        missing = [f"{n} (index {i})" for i, (n, ready) in enumerate(zip(self.names, self._ready)) if not ready]
         raise RuntimeError(
             "Expected to have finished reduction in the prior iteration before starting a new one: the previous "
             f"backward did not reduce all gradients, so training on would use gradients that were never averaged. "
-            f"{len(names)} parameter(s) received no gradient in it: {', '.join(names)}. Either that backward "
+            f"Parameters that did not receive grad on rank {dist.get_rank()}: {', '.join(missing)}. Either that backward "
             "raised an exception (gradients of a failed backward cannot be averaged; rebuild the DDP model, or "
             "retry in a way that completes backward on every rank), or these parameters took no part in the "
             "loss: if they are legitimately unused in some iterations, construct DistributedDataParallel with "
@@ -153,6 +163,10 @@ class Reducer:
         self._ready = [False] * len(self.params)
         self._next_launch = 0
         self._futures: list = [None] * len(self.buckets)
+        if self.static:
+            self._fired = [0] * len(self.params)
+            if self._expected is not None:
+                self._unused = [i for i, n in enumerate(self._expected) if n == 0]
 
     def _make_hook(self, i: int):
         def hook(param: torch.Tensor) -> None:
@@ -163,15 +177,38 @@ class Reducer:
         return hook
 
     def _grad_ready(self, i: int) -> None:
+        learning = self.static and self._expected is None
         if not self._started:
             self._started = True
+            if learning:  # like torch: reduce everything once this backward is over
+                Variable._execution_engine.queue_callback(self._learn_static_graph)
             for j in self._unused:
                 self._mark_ready(j)
         if self._used is not None:
             self._used[i] = 1
+        if self.static:
+            self._fired[i] += 1
+            if learning or self._fired[i] < self._expected[i]:
+                if learning and self._order is not None and self._fired[i] == 1:
+                    self._order.append(i)
+                return
         if self._order is not None:
             self._order.append(i)
         self._mark_ready(i)
+
+    def _learn_static_graph(self) -> None:
+        """The end of a static graph's first backward: keep the hook counts, find the parameters unused on
+        every rank, then reduce every bucket (none was launched during this backward)."""
+        self._expected = self._fired
+        device = self.params[0].device
+        used = torch.tensor([n > 0 for n in self._fired], dtype=torch.int32, device=device)
+        dist.all_reduce(used, group=self.primary_group)
+        self._static_skip = set((used == 0).nonzero().flatten().tolist())
+        self._finalize_queued = True  # _mark_ready must not queue another finalize: it runs right here
+        for i in range(len(self.params)):
+            self._mark_ready(i)
+        self._finalize_queued = False
+        self._finalize()
 
     def _mark_ready(self, i: int) -> None:
         if self._ready[i]:
@@ -208,8 +245,8 @@ class Reducer:
             self._buckets_left -= 1
             if self.overlap:
                 self._launch_ready()
-            if self._buckets_left == 0:  # on the backward running now, which may be a reentrant one
-                Variable._execution_engine.queue_callback(self._finalize)
+            if self._buckets_left == 0 and not self._finalize_queued:  # on the backward running now, which
+                Variable._execution_engine.queue_callback(self._finalize)  # may be a reentrant one
 
     def _warn_create_graph(self) -> None:
         if not self._warned_create_graph:
@@ -265,7 +302,7 @@ class Reducer:
         # The common case: each bucket goes back to .grad as soon as it is reduced, while later buckets are still
         # in flight. Views, unused-parameter detection and missing .grad go through _write_back at the end.
         grads = None
-        if not (self.as_view or self._used is not None):
+        if not (self.as_view or self._used is not None or self._static_skip):
             grads = [p.grad for p in self.params]
             if any(g is None for g in grads):
                 grads = None
@@ -288,7 +325,7 @@ class Reducer:
                 if grads is not None:
                     torch._foreach_copy_([grads[i] for i in self.buckets[b].param_indices], self._bucket_views[b])
             if grads is None:
-                unused_everywhere = set()
+                unused_everywhere = set(self._static_skip)
                 if self._used_work is not None:
                     self._used_work.wait()
                     if self._local_unused:  # only then is the bitmap read on the host
