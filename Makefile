@@ -35,9 +35,11 @@ plots: setup
 bench: setup
 	$(PY) -m harness.bench $(ARGS)
 
-# torch's own DDP tests (shipped in the wheel) against ours, CUDA mapped to CPU; outside `make test` (~12 min).
+# torch's own DDP tests against ours (~12 min, outside `make test`); fails if ours misses one torch passes
+TORCH_SUITE_OUT ?= /tmp/torch-ddp-tests
 torch-ddp-tests: setup
-	SHIM_CUDA=1 ../shared/torch-ddp-tests/run.sh ours
+	SHIM_CUDA=1 OUT=$(TORCH_SUITE_OUT) tests/torch_suite/run.sh ours; \
+	$(PY) tests/torch_suite/check.py $(TORCH_SUITE_OUT)/ours-shim.xml
 
 clean:
 	rm -rf $(VENV) .pytest_cache

@@ -163,10 +163,9 @@ class Reducer:
         self._ready = [False] * len(self.params)
         self._next_launch = 0
         self._futures: list = [None] * len(self.buckets)
-        if self.static:
+        if self.static:  # the reducer knows the unused parameters itself once the first backward has run
             self._fired = [0] * len(self.params)
-            if self._expected is not None:
-                self._unused = [i for i, n in enumerate(self._expected) if n == 0]
+            self._unused = [] if self._expected is None else [i for i, n in enumerate(self._expected) if n == 0]
 
     def _make_hook(self, i: int):
         def hook(param: torch.Tensor) -> None:

@@ -41,3 +41,8 @@ def test_different_models_on_different_ranks():
         launch(workers.mismatched_models, 2, "gloo", timeout_s=30, deadline_s=90)
     assert ("parameter mismatch at position 0: rank 0 has weight (4, 4) torch.float32, rank 1 has weight (5, 4)"
             in str(err.value))
+
+
+def test_join_is_refused_with_the_alternative():
+    (errors,) = launch(workers.join_refused, 1, "gloo", timeout_s=30, deadline_s=60)
+    assert len(errors) == 2 and all("same number of batches" in e for e in errors), errors

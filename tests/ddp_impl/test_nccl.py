@@ -8,6 +8,13 @@ from harness.launch import launch
 pytestmark = pytest.mark.skipif(torch.cuda.device_count() < 2, reason="needs at least 2 CUDA GPUs for NCCL")
 
 
+def check(errors):
+    """float64 cases equal to torch's; the fp16 hook close to torch's own fp16 hook."""
+    assert set(errors) >= {"no_sync accum=3", "find_unused view", "fp16 hook", "reordered (rebuild)"}
+    bad = {name: err for name, err in errors.items() if err > (5e-3 if "fp16" in name else 1e-6)}
+    assert not bad, bad
+
+
 def test_equal_to_torch_ddp_on_nccl():
     for errors in launch(workers.nccl_matrix, 2, "nccl", timeout_s=60, deadline_s=300):
-        assert all(err < 1e-5 for err in errors.values()), errors
+        check(errors)

@@ -81,13 +81,13 @@ def _inputs(name, gen, rank):
 FACTORIES = {"convnet": ConvNet, "branchy": Branchy, "reordered": Reordered, "mlp": mlp}
 
 
-def train(rank, wrap, model_name, accum=1, steps=STEPS, dtype=torch.float64):
+def train(rank, wrap, model_name, accum=1, steps=STEPS, dtype=torch.float64, device="cpu"):
     """Train with SGD-momentum; models start from a different seed on every rank to test the broadcast.
 
     float64 by default: with 3 ranks Gloo's ring sums a bucket's elements in an order that depends on the bucket
     layout, which differs between implementations, so float32 runs legitimately differ by ~1e-6 after 5 steps.
     """
-    model = wrap(_seeded(FACTORIES[model_name], 100 + rank).to(dtype))
+    model = wrap(_seeded(FACTORIES[model_name], 100 + rank).to(device, dtype))
     opt = torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9)
     gen = torch.Generator().manual_seed(1000 + rank)
     grads = []
@@ -95,7 +95,7 @@ def train(rank, wrap, model_name, accum=1, steps=STEPS, dtype=torch.float64):
         opt.zero_grad()
         for micro in range(accum):
             args, kwargs = _inputs(model_name, gen, rank)
-            args = tuple(a.to(dtype) for a in args)
+            args = tuple(a.to(device, dtype) for a in args)
             with model.no_sync() if micro < accum - 1 else nullcontext():
                 model(*args, **kwargs).square().mean().backward()
         grads.append([None if p.grad is None else p.grad.clone() for p in model.parameters()])
@@ -116,7 +116,8 @@ def max_rel_error(a: list, b: list) -> float:
     return worst
 
 
-def compare(rank, ours_kwargs, torch_kwargs, model_name, accum=1, torch_hook=None, dtype=torch.float64):
+def compare(rank, ours_kwargs, torch_kwargs, model_name, accum=1, torch_hook=None, dtype=torch.float64,
+            device="cpu"):
     def ours(m):
         return OurDDP(m, **ours_kwargs)
 
@@ -126,8 +127,8 @@ def compare(rank, ours_kwargs, torch_kwargs, model_name, accum=1, torch_hook=Non
             ddp.register_comm_hook(None, torch_hook)
         return ddp
 
-    g1, s1, _ = train(rank, ours, model_name, accum, dtype=dtype)
-    g2, s2, _ = train(rank, theirs, model_name, accum, dtype=dtype)
+    g1, s1, _ = train(rank, ours, model_name, accum, dtype=dtype, device=device)
+    g2, s2, _ = train(rank, theirs, model_name, accum, dtype=dtype, device=device)
     return max(max(max_rel_error(a, b) for a, b in zip(g1, g2)), max_rel_error(s1, s2))
 
 
@@ -216,17 +217,33 @@ def mismatched_models(ctx):
 
 
 def nccl_matrix(ctx):
-    """Same comparison as equivalence_matrix, on one CUDA device per rank over NCCL (run by test_nccl)."""
-    rank = ctx.rank
-    errors = {}
-    for cap in (0, 25):
-        model = _seeded(ConvNet, 0).cuda()
-        ours = OurDDP(model, bucket_cap_mb=cap)
-        theirs = TorchDDP(_seeded(ConvNet, 0).cuda(), device_ids=[rank])
-        x = torch.randn(4, 3, 8, 8, device="cuda")
-        for m in (ours, theirs):
-            m(x).square().mean().backward()
-        errors[cap] = max_rel_error([p.grad for p in ours.parameters()], [p.grad for p in theirs.parameters()])
-        assert ours.last_timing.as_dict()["backward_compute_time_ms"] > 0
+    """equivalence_matrix's comparisons on one CUDA device per rank over NCCL (run by test_nccl): different
+    models and inputs per rank, five iterations each, bucket rebuild, no_sync, unused parameters, a hook."""
+    rank, device = ctx.rank, ctx.device
+    cases = {  # name: (ours' kwargs, torch's kwargs, model, no_sync accumulation, torch's hook, dtype)
+        "convnet cap=0": (dict(bucket_cap_mb=0), {}, "convnet", 1, None, torch.float64),
+        "convnet default cap": ({}, {}, "convnet", 1, None, torch.float64),
+        "reordered (rebuild)": (dict(bucket_cap_mb=0), {}, "reordered", 1, None, torch.float64),
+        "no_sync accum=3": (dict(bucket_cap_mb=0.01), {}, "convnet", 3, None, torch.float64),
+        "find_unused view": (dict(find_unused_parameters=True, gradient_as_bucket_view=True),
+                             dict(find_unused_parameters=True, gradient_as_bucket_view=True), "branchy", 2, None,
+                             torch.float64),
+        "fp16 hook": (dict(comm_hook="fp16"), {}, "mlp", 1, default_hooks.fp16_compress_hook, torch.float32),
+    }
+    errors = {name: compare(rank, ours, theirs, model, accum, hook, dtype, device)
+              for name, (ours, theirs, model, accum, hook, dtype) in cases.items()}
     dist.barrier()
+    return errors
+
+
+def join_refused(ctx):
+    """join (uneven inputs) is refused, through the method and through torch's Join context manager alike."""
+    from torch.distributed.algorithms.join import Join
+    model = OurDDP(nn.Linear(2, 2))
+    errors = []
+    for attempt in (model.join, lambda: Join([model]).__enter__()):
+        try:
+            attempt()
+        except NotImplementedError as e:
+            errors.append(str(e))
     return errors

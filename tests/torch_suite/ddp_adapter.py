@@ -71,7 +71,6 @@ class TorchDDPAdapter(_OurDDP):
         self.dim = dim
         self.device = next(iter(devices))
         self.gradient_as_bucket_view = gradient_as_bucket_view
-        self.static_graph = False
         if device_mesh is not None:
             self.device_mesh = device_mesh
 
