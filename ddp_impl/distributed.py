@@ -52,11 +52,11 @@ class DistributedDataParallel(nn.Module):
     between iterations. ``static_graph=True`` (torch's meaning: the same parameters are used, the same number of
     times, every iteration) learns in the first iteration how many gradient hooks each parameter fires and which
     never fire; later iterations need no graph search and allow reentrant backwards, a parameter checkpointed
-    twice, and unused parameters without ``find_unused_parameters``. Buffers follow torch 2.14: ``forward_sync_buffers`` (default True) broadcasts rank 0's
-    buffers before each synchronized forward; they are always broadcast at construction unless ``init_sync=False``
-    (which skips the parameter check and broadcast too) or the deprecated ``broadcast_buffers=False`` is given.
-    Not supported, with a clear error: ``join`` (uneven inputs), sparse
-    gradients.
+    twice, and unused parameters without ``find_unused_parameters``. Buffers follow torch 2.14:
+    ``forward_sync_buffers`` (default True) broadcasts rank 0's buffers before each synchronized forward; they
+    are always broadcast at construction unless ``init_sync=False`` (which skips the parameter check and
+    broadcast too) or the deprecated ``broadcast_buffers=False`` is given.
+    Not supported, with a clear error: ``join`` (uneven inputs), sparse gradients.
     """
 
     def __init__(self, module: nn.Module, process_group=None, bucket_cap_mb: float | None = None,

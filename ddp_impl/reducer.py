@@ -79,7 +79,7 @@ class Reducer:
         self._used_work = self._used_map = None
         self._local_unused = False
         self._warned_create_graph = False
-        self._finalize_queued = False
+        self._finalize_inline = False
         self._hook_handles = [p.register_post_accumulate_grad_hook(self._make_hook(i))
                               for i, p in enumerate(self.params)]
 
@@ -145,12 +145,12 @@ class Reducer:
         raise RuntimeError(
             "Expected to have finished reduction in the prior iteration before starting a new one: the previous "
             f"backward did not reduce all gradients, so training on would use gradients that were never averaged. "
-            f"Parameters that did not receive grad on rank {dist.get_rank()}: {', '.join(missing)}. Either that backward "
-            "raised an exception (gradients of a failed backward cannot be averaged; rebuild the DDP model, or "
-            "retry in a way that completes backward on every rank), or these parameters took no part in the "
-            "loss: if they are legitimately unused in some iterations, construct DistributedDataParallel with "
-            "find_unused_parameters=True; otherwise make sure every output that depends on them takes part in "
-            "the loss.")
+            f"Parameters that did not receive grad on rank {dist.get_rank()}: {', '.join(missing)}. "
+            "Either that backward raised an exception (gradients of a failed backward cannot be averaged; rebuild "
+            "the DDP model, or retry in a way that completes backward on every rank), or these parameters took no "
+            "part in the loss: if they are legitimately unused in some iterations, construct "
+            "DistributedDataParallel with find_unused_parameters=True; otherwise make sure every output that "
+            "depends on them takes part in the loss.")
 
     def prepare_for_backward(self, timing: IterationTiming | None, unused: list[int]) -> None:
         """Called by a synchronized forward: arm the hooks for the coming backward."""
@@ -203,10 +203,10 @@ class Reducer:
         used = torch.tensor([n > 0 for n in self._fired], dtype=torch.int32, device=device)
         dist.all_reduce(used, group=self.primary_group)
         self._static_skip = set((used == 0).nonzero().flatten().tolist())
-        self._finalize_queued = True  # _mark_ready must not queue another finalize: it runs right here
+        self._finalize_inline = True  # _mark_ready must not queue a finalize: it runs right here
         for i in range(len(self.params)):
             self._mark_ready(i)
-        self._finalize_queued = False
+        self._finalize_inline = False
         self._finalize()
 
     def _mark_ready(self, i: int) -> None:
@@ -244,7 +244,7 @@ class Reducer:
             self._buckets_left -= 1
             if self.overlap:
                 self._launch_ready()
-            if self._buckets_left == 0 and not self._finalize_queued:  # on the backward running now, which
+            if self._buckets_left == 0 and not self._finalize_inline:  # on the backward running now, which
                 Variable._execution_engine.queue_callback(self._finalize)  # may be a reentrant one
 
     def _warn_create_graph(self) -> None:

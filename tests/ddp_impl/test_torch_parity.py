@@ -37,7 +37,8 @@ def assert_same(ours, theirs, where, tol=1e-9):
     if isinstance(theirs, np.ndarray) or theirs is None:
         assert (ours is None) == (theirs is None), f"{where}: gradient present in one DDP only"
         if theirs is not None:
-            torch.testing.assert_close(torch.as_tensor(ours), torch.as_tensor(theirs), rtol=tol, atol=tol, msg=lambda m: f"{where}: {m}")
+            torch.testing.assert_close(torch.as_tensor(ours), torch.as_tensor(theirs), rtol=tol, atol=tol,
+                                       msg=lambda m: f"{where}: {m}")
         return
     assert len(ours) == len(theirs), where
     for k, (a, b) in enumerate(zip(ours, theirs)):
@@ -91,7 +92,8 @@ def test_world_size_one():
 
 HOOK_CASES = [("allreduce", None, False, False), ("fp16_compress", None, False, False),
               ("bf16_compress", 0.0005, False, False),
-              ("allreduce", 0.0005, True, False), ("allreduce", [0.0002, 0.005], False, False), ("fp16_compress", 0, True, True), ("allreduce", None, True, True),
+              ("allreduce", 0.0005, True, False), ("allreduce", [0.0002, 0.005], False, False),
+              ("fp16_compress", 0, True, True), ("allreduce", None, True, True),
               # powerSGD issues (and waits on) collectives inside future callbacks, on Gloo's thread: with two or
               # more buckets, or beside find_unused_parameters' usage allreduce, ranks then order collectives
               # differently and torch's DDP deadlocks or crashes as ours does (measured: 3 of 4 runs). Compared
