@@ -7,7 +7,7 @@ A driver is a module ``experiments/figNN_<what>.py`` that exposes
     points(cfg) -> list             the harness point configs to measure
     plot(df, cfg) -> Figure         draws the figure from the stored rows alone
     summarize(df, cfg) -> str       optional: one paragraph of measured-vs-claimed numbers
-``python -m experiments`` finds drivers by listing this folder (see ``experiments/__main__.py``).
+``python -m experiments`` finds drivers by listing this folder (see ``experiments/registry.py``).
 """
 from __future__ import annotations
 

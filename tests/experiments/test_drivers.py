@@ -5,7 +5,8 @@ from pathlib import Path
 import pytest
 from PIL import Image
 
-from experiments.__main__ import drivers, main, stored_config
+from experiments.__main__ import main
+from experiments.registry import drivers, stored_config
 from harness import load_results, point_id
 
 TINY = {
