@@ -11,15 +11,11 @@ Under torchrun every rank runs the sweep in place and rank 0 stores and plots (s
 from __future__ import annotations
 
 import argparse
-import os
 import sys
 
 from experiments.registry import draw, drivers, report, save_config
 from harness import add_dataclass_arguments, dataclass_from_namespace, run_sweep
-
-
-def _is_writer() -> bool:
-    return int(os.environ.get("RANK", "0")) == 0
+from harness.env import is_writer
 
 
 def run_figure(driver, argv: list[str]) -> int:
@@ -36,9 +32,9 @@ def run_figure(driver, argv: list[str]) -> int:
         run_sweep(driver.FIGURE, points, dry_run=ns.dry_run, retry_errors=ns.retry_errors)
         if ns.dry_run:
             return 0
-        if _is_writer():
+        if is_writer():
             save_config(driver, cfg)
-    if _is_writer():
+    if is_writer():
         draw(driver, cfg)
     return 0
 

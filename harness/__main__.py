@@ -9,10 +9,10 @@ Options: every field of TrainConfig / AllreduceConfig as --key=value, plus --exp
 from __future__ import annotations
 
 import argparse
-import os
 import sys
 
 from harness.config import AllreduceConfig, TrainConfig, add_dataclass_arguments, dataclass_from_namespace
+from harness.env import is_writer
 from harness.results import summarize
 from harness.sweep import run_sweep
 
@@ -32,7 +32,7 @@ def main(argv=None) -> int:
     ns = parser.parse_args(argv)
     cfg = dataclass_from_namespace(KINDS[ns.kind], ns)
     df = run_sweep(ns.experiment, [cfg], root=ns.root, dry_run=ns.dry_run, retry_errors=ns.retry_errors)
-    if ns.dry_run or int(os.environ.get("RANK", 0)) != 0:
+    if ns.dry_run or not is_writer():
         return 0
     from harness.config import point_id
 

@@ -65,7 +65,8 @@ import torch
 import torch.distributed as dist
 
 from harness.config import MODELS, PROFILES, parse_dataclass
-from harness.launch import RankContext, in_place, launch
+from harness.env import in_place, is_writer
+from harness.launch import RankContext, launch
 from harness.models import build_model, compute_loss, input_spec, make_inputs
 from harness.results import git_commit, results_root
 
@@ -364,7 +365,7 @@ def _small_mmap_threshold():
 def run_bench(cfg: BenchConfig) -> dict[str, pd.DataFrame]:
     """Run every point (and the memory jobs); write the CSVs after each; return the tables."""
     cfg = validate_bench(cfg)
-    writer = int(os.environ.get("RANK", 0)) == 0  # under torchrun every rank runs this; rank 0 writes
+    writer = is_writer()  # under torchrun every rank runs this; rank 0 writes
     out = Path(cfg.out) if cfg.out else results_root() / "bench"
     meta = dict(machine(), backend=cfg.backend, profile=cfg.profile, world_size=cfg.world_size)
     all_samples, summary, memory = [], [], []
@@ -443,7 +444,7 @@ def format_tables(tables: dict[str, pd.DataFrame]) -> str:
 def main(argv=None) -> int:
     cfg = parse_dataclass(BenchConfig, argv, prog="python -m harness.bench")
     tables = run_bench(cfg)
-    if int(os.environ.get("RANK", 0)) == 0:
+    if is_writer():
         print(format_tables(tables))
     return 0
 

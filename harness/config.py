@@ -21,6 +21,7 @@ import typing
 from dataclasses import dataclass, field
 
 from harness import netem
+from harness.env import in_place
 
 MODELS = ("small", "resnet50", "bert-base", "bert-large")
 PROFILES = ("paper", "cpu")
@@ -131,7 +132,7 @@ def auto_net_is_loopback(point_type: str, backend: str, world_size: int, impl: s
     """Where ``net='auto'`` means plain loopback: it emulates a network only for spawned CPU points that
     communicate and time it; with GPUs (NCCL) or under torchrun the real interconnect is used, and
     convergence does not depend on time."""
-    return (backend == "nccl" or cuda_available() or "RANK" in os.environ or world_size == 1 or impl == "local"
+    return (backend == "nccl" or cuda_available() or in_place() or world_size == 1 or impl == "local"
             or point_type not in ("TrainConfig", "AllreduceConfig"))
 
 
@@ -150,7 +151,7 @@ def _check_fault(fault: str) -> None:
 
 def ranks_on_this_node(world_size: int) -> int:
     """Ranks sharing this machine: LOCAL_WORLD_SIZE under torchrun, else all of them (spawned)."""
-    if "RANK" in os.environ and "LOCAL_WORLD_SIZE" in os.environ:
+    if in_place() and "LOCAL_WORLD_SIZE" in os.environ:
         return int(os.environ["LOCAL_WORLD_SIZE"])
     return world_size
 
@@ -215,7 +216,7 @@ def validate(cfg: PointConfig) -> PointConfig:
                 f"{torch.cuda.device_count()} GPU(s) are visible; backend='nccl' needs one GPU per rank"
             )
     if cfg.net != "loopback":
-        if "RANK" in os.environ:
+        if in_place():
             raise ValueError(f"net={cfg.net!r} cannot apply under torchrun/SLURM (RANK is set): the ranks already "
                              f"run on the real network; use net='loopback'")
         netem.require()  # NetemUnavailable (a ValueError) names what is missing

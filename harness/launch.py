@@ -33,6 +33,8 @@ from typing import Any, Callable, Sequence
 import torch
 import torch.distributed as dist
 
+from harness.env import in_place
+
 # A rank that has died without reporting may still have its result in flight; wait this long for it.
 _DEAD_GRACE_S = 2.0
 
@@ -75,11 +77,6 @@ def available_cores() -> int:
 def threads_per_rank(ranks_on_node: int, requested: int = 0) -> int:
     """``requested`` if positive, else the cores of this machine shared evenly by its ranks."""
     return requested if requested > 0 else max(1, available_cores() // max(1, ranks_on_node))
-
-
-def in_place() -> bool:
-    """True under torchrun/SLURM-style launchers that already set RANK: run in this process."""
-    return "RANK" in os.environ
 
 
 def inject_fault(fault: str, rank: int) -> None:

@@ -27,7 +27,8 @@ from tqdm import tqdm
 from harness import netem, results
 from harness.config import (AllreduceConfig, ConvergenceConfig, PointConfig, TrainConfig, config_columns, point_id,
                             validate)
-from harness.launch import in_place, init_in_place, launch, refuse_in_bootstrapping_child
+from harness.env import in_place, is_writer
+from harness.launch import init_in_place, launch, refuse_in_bootstrapping_child
 
 MAX_ERROR_CHARS = 8000
 
@@ -88,7 +89,7 @@ def run_sweep(experiment: str, points: Sequence[PointConfig], *, root: str | os.
     if in_place():
         world = int(os.environ["WORLD_SIZE"])
         skipped = [pid for pid, p in unique.items() if p.world_size != world]
-        if skipped and int(os.environ["RANK"]) == 0:
+        if skipped and is_writer():
             print(f"[{experiment}] skipping {len(skipped)} point(s) whose world_size != WORLD_SIZE={world}")
         unique = {pid: p for pid, p in unique.items() if pid not in skipped}
     pending = _pending(experiment, list(unique), root, retry_errors)
@@ -102,7 +103,7 @@ def run_sweep(experiment: str, points: Sequence[PointConfig], *, root: str | os.
     if in_place() and unique:
         first = next(iter(unique.values()))
         pending = _agree_on_pending(pending, first.backend, first.timeout_s)
-        writer = int(os.environ["RANK"]) == 0
+        writer = is_writer()
     commit = results.git_commit() if writer else ""
     bar = tqdm(total=len(unique), desc=experiment, unit="point", disable=not (progress and writer),
                file=sys.stderr, dynamic_ncols=True)
