@@ -59,7 +59,6 @@ class TorchDDPAdapter(_OurDDP):
                 raise RuntimeError(f"Only 1D device mesh is supported, but got {device_mesh}.")
             process_group = device_mesh.get_group(mesh_dim=0)
         # check_reduction: deprecated no-op in torch; batched_grad_copy: a copy-kernel choice; dim: scatter only.
-        # static_graph: ours refuses it with its own error.
         super().__init__(module, process_group=process_group, bucket_cap_mb=bucket_cap_mb,
                          find_unused_parameters=find_unused_parameters, broadcast_buffers=broadcast_buffers,
                          forward_sync_buffers=forward_sync_buffers, init_sync=init_sync,
