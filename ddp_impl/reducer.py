@@ -58,6 +58,7 @@ class Reducer:
         self.static = static_graph
         self._expected: list[int] | None = None  # static graph: hooks per parameter per backward, once learnt
         self._static_skip: set[int] = set()  # static graph: parameters unused on every rank
+        self._static_unused: list[int] = []  # static graph: parameters unused on this rank
         self.as_view = gradient_as_bucket_view
         rebuild = rebuild_buckets and not find_unused_parameters  # torch never rebuilds with find_unused
         self.rebuild_pending = rebuild  # rebuilt once, after the first synchronized iteration
@@ -165,7 +166,7 @@ class Reducer:
         self._futures: list = [None] * len(self.buckets)
         if self.static:  # the reducer knows the unused parameters itself once the first backward has run
             self._fired = [0] * len(self.params)
-            self._unused = [] if self._expected is None else [i for i, n in enumerate(self._expected) if n == 0]
+            self._unused = self._static_unused
 
     def _make_hook(self, i: int):
         def hook(param: torch.Tensor) -> None:
@@ -176,7 +177,7 @@ class Reducer:
         return hook
 
     def _grad_ready(self, i: int) -> None:
-        learning = self.static and self._expected is None
+        learning = self.static and self._expected is None  # a static graph's first backward
         if not self._started:
             self._started = True
             if learning:  # like torch: reduce everything once this backward is over
@@ -199,6 +200,7 @@ class Reducer:
         """The end of a static graph's first backward: keep the hook counts, find the parameters unused on
         every rank, then reduce every bucket (none was launched during this backward)."""
         self._expected = self._fired
+        self._static_unused = [i for i, n in enumerate(self._fired) if n == 0]
         device = self.params[0].device
         used = torch.tensor([n > 0 for n in self._fired], dtype=torch.int32, device=device)
         dist.all_reduce(used, group=self.primary_group)
