@@ -10,7 +10,7 @@ FIGURES := fig2 fig6 fig7 fig8 fig9 fig10 fig11 fig12
 WS_ARG = $(if $(WORLD_SIZE),--world_size=$(WORLD_SIZE))
 fig9 fig10 fig11 fig2: WS_ARG =
 
-.PHONY: setup test clean figures plots bench torch-ddp-tests $(FIGURES)
+.PHONY: setup test clean figures plots claims bench torch-ddp-tests $(FIGURES)
 
 setup: $(STAMP)
 
@@ -31,9 +31,13 @@ figures: $(FIGURES)
 plots: setup
 	$(PY) -m experiments plots
 
-# Our DDP vs torch's, interleaved, per (model, bucket cap); `make bench ARGS="--models=resnet50 --caps=25"`.
+# Every measured number beside the paper's, one chart (results/figures/claims.png), from stored results.
+claims: setup
+	$(PY) -m experiments claims
+
+# Our DDP vs torch's, interleaved, per (model, bucket cap); `make bench ARGS="--models=resnet50 --bucket_caps_mb=25"`.
 bench: setup
-	$(PY) -m harness.bench $(ARGS)
+	$(PY) -m experiments.bench $(ARGS)
 
 # torch's own DDP tests against ours (~12 min, outside `make test`); fails if ours misses one torch passes
 TORCH_SUITE_OUT ?= /tmp/torch-ddp-tests

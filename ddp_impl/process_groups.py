@@ -1,4 +1,4 @@
-"""Round-robin process group (the paper's Section 4.x / Figure 12).
+"""Round-robin process group (the paper's Figure 12, Section 5.4).
 
 One process group runs its collectives on one communicator, which caps how many allreduces proceed at once. The
 paper's ``ProcessGroupRoundRobin`` dispatches consecutive collectives to k underlying groups so buckets can be

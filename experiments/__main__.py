@@ -5,6 +5,7 @@
     python -m experiments fig7 --dry-run            list the points and whether each is stored
     python -m experiments plots [fig7 ...]          redraw figures from the stored CSVs, no runs
     python -m experiments report [fig7 ...]         markdown: per figure, the paper's claim beside what was measured
+    python -m experiments claims                    one chart of every measured number beside the paper's
 
 Under torchrun every rank runs the sweep in place and rank 0 stores and plots (see harness/README.md).
 """
@@ -13,7 +14,7 @@ from __future__ import annotations
 import argparse
 import sys
 
-from experiments.registry import draw, drivers, report, save_config
+from experiments.registry import draw, draw_claims, drivers, report, save_config
 from harness import add_dataclass_arguments, dataclass_from_namespace, run_sweep
 from harness.env import is_writer
 
@@ -29,7 +30,8 @@ def run_figure(driver, argv: list[str]) -> int:
     cfg = dataclass_from_namespace(driver.Config, ns)
     if not ns.plot_only:
         points = driver.points(cfg)
-        run_sweep(driver.FIGURE, points, dry_run=ns.dry_run, retry_errors=ns.retry_errors)
+        run_sweep(driver.FIGURE, points, dry_run=ns.dry_run, retry_errors=ns.retry_errors,
+                  order_seed=getattr(cfg, "order_seed", 0))
         if ns.dry_run:
             return 0
         if is_writer():
@@ -52,6 +54,9 @@ def main(argv: list[str] | None = None) -> int:
         for name in rest or found:
             print(report(found[name]))
         return 0
+    if command == "claims":
+        draw_claims()
+        return 0
     if command == "plots":
         for name in rest or found:
             if name not in found:
@@ -59,7 +64,8 @@ def main(argv: list[str] | None = None) -> int:
             draw(found[name])
         return 0
     if command not in found:
-        raise SystemExit(f"unknown figure {command!r}; known: {', '.join(found)} (or `list`, `plots`)")
+        raise SystemExit(f"unknown figure {command!r}; known: {', '.join(found)} (or `list`, `plots`, `report`, "
+                         "`claims`)")
     return run_figure(found[command], rest)
 
 

@@ -7,23 +7,58 @@ A driver is a module ``experiments/figNN_<what>.py`` that exposes
     points(cfg) -> list             the harness point configs to measure
     plot(df, cfg) -> Figure         draws the figure from the stored rows alone
     summarize(df, cfg) -> str       optional: one paragraph of measured-vs-claimed numbers
-``python -m experiments`` finds drivers by listing this folder (see ``experiments/registry.py``).
+``python -m experiments`` finds drivers by listing this folder (see ``experiments/registry.py``). A timed
+figure's Config extends :class:`Timed` or :class:`ModelSweep` (the settings they all share) and ends its plot
+with :func:`finish`, so a driver holds only what its figure adds.
 """
 from __future__ import annotations
 
 import math
 import textwrap
+from dataclasses import dataclass
 from pathlib import Path
+from typing import NamedTuple
 
 import matplotlib
 
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
+import numpy as np  # noqa: E402
 import pandas as pd  # noqa: E402
 
+from harness import TrainConfig, stats  # noqa: E402
+from harness.config import DEFAULT_NET  # noqa: E402
 from harness.results import results_root  # noqa: E402
 
 UNAVAILABLE_COLOR = "0.85"
+
+
+@dataclass(frozen=True)
+class Timed:
+    """Settings every timed figure shares; every field is a --key=value override."""
+
+    backends: tuple[str, ...] = ("gloo", "nccl")
+    profile: str = "auto"  # paper | cpu | auto (cpu without a GPU): input sizes, see harness.models
+    iters: int = 10  # measured iterations per point, repetition and rank
+    warmup: int = 2
+    net: str = DEFAULT_NET  # emulated link per rank on CPU-only machines (harness/README.md); loopback = none
+    repeats: int = 3  # each point measured this many times, in passes over the whole sweep (harness.sweep)
+    order_seed: int = 0  # seeds the shuffled order of each pass
+
+
+@dataclass(frozen=True)
+class ModelSweep(Timed):
+    """A timed figure of training iterations, one panel per (model, backend)."""
+
+    models: tuple[str, ...] = ("resnet50", "bert-base")
+
+    def train_points(self, world_size: int, **fields) -> list[TrainConfig]:
+        """One point per model and backend this machine can run at ``world_size``, the shared settings plus
+        ``fields``."""
+        backends, _ = split_backends(self.backends, world_size)
+        return [TrainConfig(model=m, backend=b, world_size=world_size, profile=self.profile, iters=self.iters,
+                            warmup=self.warmup, net=self.net, repeat=r, **fields)
+                for r in range(self.repeats) for m in self.models for b in backends]
 
 
 def cuda_gpus() -> int:
@@ -57,21 +92,27 @@ def ok_rows(df: pd.DataFrame, synced_only: bool = True, net: str | None = None) 
 
 
 def for_net(df: pd.DataFrame, net: str) -> pd.DataFrame:
-    """Rows measured over the network a driver's ``net`` asks for on this machine, so runs with different
-    ``--net`` stored side by side are never mixed. ``auto`` also keeps the points where it means loopback
-    (NCCL or GPUs, torchrun, one rank, no communication): they are stored with ``net = loopback``."""
+    """Rows measured over the network a driver's ``net`` asks for, so runs with different ``--net`` stored side
+    by side are never mixed. ``auto`` also keeps the points where it meant loopback where they ran (NCCL or
+    GPUs, torchrun, one rank, no communication): stored with ``net = loopback`` and ``net_auto_loopback``.
+    Reads stored columns only, never the plotting machine."""
     if df.empty or "net" not in df.columns:
         return df
     keep = df["net"] == net
     if net == "auto":
-        from harness.config import auto_net_is_loopback
-
-        plain = df[df["net"] == "loopback"].drop_duplicates("point_id")
-        same = {r.point_id for r in plain.itertuples()
-                if auto_net_is_loopback(r.point_type, r.backend, int(r.world_size),
-                                        r.impl if isinstance(getattr(r, "impl", None), str) else "")}
-        keep |= df["point_id"].isin(same)
+        keep |= (df["net"] == "loopback") & auto_meant_loopback(df)
     return df[keep]
+
+
+def auto_meant_loopback(df: pd.DataFrame) -> pd.Series:
+    """Per row, whether ``net=auto`` resolved to loopback where the row was measured (``net_auto_loopback``);
+    rows stored before that column existed are judged from their own columns by the same rule."""
+    col = lambda name, fill: df.get(name, pd.Series(fill, index=df.index)).fillna(fill)  # noqa: E731
+    judged = ((col("backend", "") == "nccl") | ~col("device_name", "cpu").isin(["cpu", ""])
+              | (col("world_size", 2).astype(int) == 1) | (col("impl", "") == "local")
+              | ~col("point_type", "TrainConfig").isin(["TrainConfig", "AllreduceConfig"]))
+    stored = df.get("net_auto_loopback")
+    return judged if stored is None else stored.astype("boolean").fillna(judged).astype(bool)
 
 
 def grid(rows: list[str], cols: list[str], width: float = 4.2, height: float = 3.2):
@@ -80,9 +121,17 @@ def grid(rows: list[str], cols: list[str], width: float = 4.2, height: float = 3
     return fig, axes
 
 
-def model_backend_panels(ok: pd.DataFrame, models, backends, unavailable: dict, draw):
-    """One panel per (model, backend): ``draw(ax, rows, model, backend)``, or a panel saying why it is empty."""
-    fig, axes = grid(list(models), list(backends))
+def shown_backends(backends, unavailable: dict) -> list[str]:
+    """The backends that get panels: those this machine runs (why the others are missing goes in the caption,
+    see :func:`finish`); all of them if none runs, so the figure still says why it is empty."""
+    return [b for b in backends if b not in unavailable] or list(backends)
+
+
+def model_backend_panels(ok: pd.DataFrame, models, backends, unavailable: dict, draw, width: float = 4.2):
+    """One panel per (model, shown backend): ``draw(ax, rows, model, backend)``, or a panel saying why it is
+    empty."""
+    backends = shown_backends(backends, unavailable)
+    fig, axes = grid(list(models), backends, width=width)
     for r, model in enumerate(models):
         for c, backend in enumerate(backends):
             ax = axes[r][c]
@@ -103,14 +152,33 @@ def mark_unavailable(ax, text: str) -> None:
     ax.set_yticks([])
 
 
-def caption(fig, text: str) -> None:
-    fig.text(0.01, 0.005, textwrap.fill(text, 160), fontsize=7, color="0.3", ha="left", va="bottom")
+def caption(fig, text: str) -> int:
+    """A small-print line (or lines) at the bottom of the figure; returns how many lines it took."""
+    lines = textwrap.wrap(text, max(60, int(fig.get_figwidth() * 19)))  # ~19 characters per inch at 7 pt
+    fig.text(0.01, 0.005, "\n".join(lines), fontsize=7, color="0.3", ha="left", va="bottom")
+    return len(lines)
 
 
-def title(fig, text: str, paper: str) -> None:
-    """Figure title plus the paper's claim, wrapped to the figure's width (a wider title widens saved figures)."""
-    chars = max(60, int(fig.get_figwidth() * 14))  # ~14 characters per inch at 10 pt
-    fig.suptitle("\n".join([text] + textwrap.wrap(f"paper: {paper}", chars)), fontsize=10)
+def finish(fig, text: str, paper: str, rows: pd.DataFrame, note: str = "", unavailable: dict | None = None):
+    """The end of every plot: title with the paper's claim, the setup caption (plus ``note`` and why any
+    requested backend has no panel); the figure grows by the room they take, so the panels keep their size."""
+    title_lines = title(fig, text, paper)
+    missing = "".join(f". {why}" for why in (unavailable or {}).values())
+    caption_lines = caption(fig, describe_setup(rows) + note + missing)
+    top_in, bottom_in = title_lines * 10 * 1.3 / 72 + 0.1, caption_lines * 7 * 1.25 / 72 + 0.1
+    height = fig.get_figheight() + top_in + bottom_in  # the panels keep their size
+    fig.set_figheight(height)
+    fig.tight_layout(rect=(0, bottom_in / height, 1, 1 - top_in / height))
+    return fig
+
+
+def title(fig, text: str, paper: str) -> int:
+    """Figure title plus the paper's claim, wrapped to the figure's width (a wider title widens saved figures);
+    returns how many lines it took."""
+    chars = max(40, int(fig.get_figwidth() * 11))  # ~11 characters per inch at 10 pt
+    lines = textwrap.wrap(text, chars) + textwrap.wrap(f"paper: {paper}", chars)
+    fig.suptitle("\n".join(lines), fontsize=10)
+    return len(lines)
 
 
 def describe_setup(df: pd.DataFrame) -> str:
@@ -138,6 +206,102 @@ def save(fig, name: str, root=None) -> Path:
     fig.savefig(out / f"{name}.pdf", bbox_inches="tight")
     plt.close(fig)
     return png
+
+
+# ------------------------------------------------------------------ repetitions and verdicts with uncertainty
+
+def repeat_medians(ok: pd.DataFrame, keys: list[str], value: str = "total_ms", agg: str = "median") -> pd.Series:
+    """Median (or ``agg``) of ``value`` over all ranks' measured iterations of one repetition, per ``keys`` and
+    ``repeat`` (rows stored before repetitions existed count as repetition 0)."""
+    repeat = ok["repeat"].fillna(0).astype(int) if "repeat" in ok.columns else 0
+    return ok.assign(repeat=repeat).groupby([*keys, "repeat"])[value].agg(agg)
+
+
+class Spread(NamedTuple):
+    """The median of repetition medians with its 95% bootstrap interval over ``n`` repetitions."""
+
+    center: float
+    lo: float
+    hi: float
+    n: int
+
+    def fmt(self, unit: str = " ms", digits: int = 0) -> str:
+        value = f"{self.center:.{digits}f}{unit}"
+        if self.n < 2:
+            return f"{value} (1 repetition: no spread)"
+        return f"{value} [{self.lo:.{digits}f}, {self.hi:.{digits}f}]"
+
+
+class Claim(NamedTuple):
+    """One number the paper states (or a shape it claims, ``paper=None``) beside what was measured here."""
+
+    figure: str
+    what: str
+    unit: str  # "%" or "x"
+    paper: float | None
+    measured: Spread
+
+
+def spread(per_repeat) -> Spread:
+    x = np.asarray(per_repeat, dtype=float)
+    lo, hi = stats.bootstrap_median_ci(x, np.random.default_rng(0))
+    return Spread(float(np.median(x)), lo, hi, len(x))
+
+
+def paired_ratios(per_repeat: pd.Series, option, reference) -> np.ndarray:
+    """``option`` / ``reference`` within each repetition both have (a repetition is one interleaved pass, so
+    the two were measured under the same load)."""
+    a, b = per_repeat.xs(option), per_repeat.xs(reference)
+    both = a.index.intersection(b.index)
+    return (a[both] / b[both]).to_numpy()
+
+
+def best_options(per_repeat: pd.Series) -> tuple[object, list]:
+    """The option (first index level) with the lowest median latency, and every option not worse than it
+    beyond the noise: the 95% interval of its per-repetition ratio to the best reaches 1 (with one repetition
+    there is no noise to judge by, so only the best)."""
+    center = per_repeat.groupby(level=0).median()
+    best = center.idxmin()
+    tied = [o for o in center.index if o == best or spread(paired_ratios(per_repeat, o, best)).lo <= 1.0]
+    return best, tied
+
+
+def verdict(measured: Spread, threshold: float) -> str:
+    """Whether a measured value clears a claimed threshold (the claim: value > threshold), given its spread."""
+    if measured.n < 2:
+        return "not resolved here: 1 repetition, no spread measured"
+    if measured.lo > threshold:
+        return "holds here"
+    if measured.hi < threshold:
+        return "does not hold here"
+    return "not resolved here: inside the spread between repetitions"
+
+
+BOXES_NOTE = (". Boxes: every rank's measured iterations of all repetitions (whiskers 1.5 IQR; iterations beyond "
+              "them are not drawn); dots: each repetition's median")
+
+
+def latency_boxes(ax, sel: pd.DataFrame, column: str, label=str) -> None:
+    """Per value of ``column``, a box of the per-iteration latencies with each repetition's median as a dot
+    (see BOXES_NOTE, for the caption)."""
+    options = sorted(sel[column].unique())
+    ax.boxplot([sel.loc[sel[column] == o, "total_ms"] for o in options], tick_labels=[label(o) for o in options],
+               showfliers=False)
+    repeat_dots(ax, repeat_medians(sel, [column]), options)
+    ax.set_ylabel("per-iteration latency (ms)")
+    ax.grid(axis="y", alpha=0.3)
+
+
+def repeat_dots(ax, per_repeat: pd.Series, options: list) -> None:
+    """Each repetition's median as a dot over its box (positions 1..n), so the spread between repetitions shows
+    beside the spread within them."""
+    for i, option in enumerate(options, start=1):
+        if option in per_repeat.index.get_level_values(0):
+            values = per_repeat.xs(option).to_numpy()
+            ax.plot(np.full(len(values), i), values, "o", ms=4, color="C3", alpha=0.8,
+                    label="median of one repetition" if i == 1 else None)
+    if len(per_repeat):
+        ax.legend(fontsize=7, loc="upper right")
 
 
 def fmt_mb(mb: float) -> str:

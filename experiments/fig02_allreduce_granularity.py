@@ -25,18 +25,15 @@ RESNET50_PARAMS = 25_557_032
 
 
 @dataclass(frozen=True)
-class Config:
+class Config(common.Timed):
     """Allreduce granularity sweep; every field is a --key=value override."""
 
-    backends: tuple[str, ...] = ("gloo", "nccl")
     world_sizes: tuple[int, ...] = (2,)
     params_per_call: tuple[int, ...] = (10_000, 100_000, 1_000_000, 10_000_000, RESNET50_PARAMS)
     total_params: int = RESNET50_PARAMS
     compute_model: str = "resnet50"
-    profile: str = "auto"
     iters: int = 5
     warmup: int = 1
-    net: str = "auto"  # allreduce points: emulated link per rank on CPU-only machines; loopback = none
 
 
 def points(cfg: Config) -> list:
@@ -45,11 +42,11 @@ def points(cfg: Config) -> list:
         backends, _ = common.split_backends(cfg.backends, n)
         out += [AllreduceConfig(backend=b, world_size=n, profile=cfg.profile, total_params=cfg.total_params,
                                 params_per_call=min(k, cfg.total_params), iters=cfg.iters, warmup=cfg.warmup,
-                                net=cfg.net)
-                for b in backends for k in cfg.params_per_call]
+                                net=cfg.net, repeat=r)
+                for r in range(cfg.repeats) for b in backends for k in cfg.params_per_call]
     # backward compute of the model alone: one rank, no DDP; on the GPU when there is one
-    out.append(TrainConfig(model=cfg.compute_model, impl="local", world_size=1, profile=cfg.profile,
-                           iters=cfg.iters, warmup=cfg.warmup))
+    out += [TrainConfig(model=cfg.compute_model, impl="local", world_size=1, profile=cfg.profile,
+                        iters=cfg.iters, warmup=cfg.warmup, repeat=r) for r in range(cfg.repeats)]
     return out
 
 
@@ -64,8 +61,9 @@ def _split(df, cfg: Config):
 def plot(df, cfg: Config):
     comm, compute = _split(df, cfg)
     _, unavailable = common.split_backends(cfg.backends, max(cfg.world_sizes))
-    fig, axes = common.grid([""], list(cfg.backends))
-    for c, backend in enumerate(cfg.backends):
+    backends = common.shown_backends(cfg.backends, unavailable)
+    fig, axes = common.grid([""], backends)
+    for c, backend in enumerate(backends):
         ax = axes[0][c]
         sel = comm[comm["backend"] == backend]
         if sel.empty:
@@ -83,10 +81,8 @@ def plot(df, cfg: Config):
         ax.set_xlabel("parameters per allreduce call (k)")
         ax.set_ylabel("total time (ms)")
         ax.legend(fontsize=8)
-    common.title(fig, "Figure 2: communication granularity vs backward computation", PAPER["claim"])
-    common.caption(fig, common.describe_setup(comm))
-    fig.tight_layout(rect=(0, 0.04, 1, 0.9))
-    return fig
+    return common.finish(fig, "Figure 2: communication granularity vs backward computation", PAPER["claim"], comm,
+                         unavailable=unavailable)
 
 
 def summarize(df, cfg: Config) -> str:

@@ -23,45 +23,51 @@ PAPER = {
                     ("resnet50", "gloo"): 26.8, ("bert-base", "gloo"): 21.5},
 }
 PHASES = (("forward_ms", "forward"), ("backward_compute_ms", "backward compute"),
-          ("backward_comm_exposed_ms", "exposed communication"), ("optimizer_ms", "optimizer step"))
+          ("backward_comm_exposed_ms", "exposed communication"), ("optimizer_ms", "optimizer step"),
+          ("other_ms", "other (outside the named phases)"))
 
 
 @dataclass(frozen=True)
-class Config:
+class Config(common.ModelSweep):
     """Overlap on and off per model and backend; every field is a --key=value override."""
 
-    models: tuple[str, ...] = ("resnet50", "bert-base")
-    backends: tuple[str, ...] = ("gloo", "nccl")
     world_size: int = 2
     bucket_cap_mb: float = 25
-    profile: str = "auto"
-    iters: int = 10
-    warmup: int = 2
-    net: str = "auto"  # emulated link per rank on CPU-only machines (harness/README.md); loopback = none
 
 
 def points(cfg: Config) -> list[TrainConfig]:
-    backends, _ = common.split_backends(cfg.backends, cfg.world_size)
-    return [TrainConfig(model=m, impl="ours", overlap=overlap, profile=cfg.profile, backend=b,
-                        world_size=cfg.world_size, bucket_cap_mb=cfg.bucket_cap_mb, iters=cfg.iters,
-                        warmup=cfg.warmup, net=cfg.net)
-            for m in cfg.models for b in backends for overlap in (True, False)]
+    return [p for overlap in (True, False)
+            for p in cfg.train_points(cfg.world_size, impl="ours", overlap=overlap, bucket_cap_mb=cfg.bucket_cap_mb)]
+
+
+def _selected(df, cfg: Config):
+    ok = common.ok_rows(df, net=cfg.net)
+    return ok[(ok["world_size"] == cfg.world_size) & (ok["bucket_cap_mb"] == cfg.bucket_cap_mb)]
 
 
 def _medians(df, cfg: Config):
-    ok = common.ok_rows(df, net=cfg.net)
-    ok = ok[(ok["world_size"] == cfg.world_size) & (ok["bucket_cap_mb"] == cfg.bucket_cap_mb)]
-    cols = [c for c, _ in PHASES] + ["total_ms"]
-    return ok.groupby(["model", "backend", "overlap"])[cols].median()
+    """Median of each phase per (model, backend, overlap); ``other_ms`` is what the median iteration holds
+    beyond the medians of the named phases (bars then stack to the median latency); ``ideal_ms`` is forward
+    + max(backward compute, all communication) + optimizer, the bound full overlap would reach."""
+    named = [c for c, _ in PHASES[:-1]]
+    med = _selected(df, cfg).groupby(["model", "backend", "overlap"])[named + ["total_ms", "ddp_backward_comm_ms"]]
+    med = med.median()
+    med["other_ms"] = (med["total_ms"] - med[named].sum(axis=1)).clip(lower=0)
+    med["ideal_ms"] = (med["forward_ms"] + med[["backward_compute_ms", "ddp_backward_comm_ms"]].max(axis=1)
+                       + med["optimizer_ms"])
+    return med
 
 
 def speedups(df, cfg: Config) -> dict:
-    """(model, backend) -> overlap speedup in percent: non-overlapping / overlapping latency - 1."""
-    med = _medians(df, cfg)["total_ms"]
+    """(model, backend) -> overlap speedup in percent (non-overlapping / overlapping latency - 1) with its
+    spread: one ratio per repetition, the two measured in the same interleaved pass."""
+    per_repeat = common.repeat_medians(_selected(df, cfg), ["model", "backend", "overlap"])
     out = {}
-    for (model, backend) in {(m, b) for m, b, _ in med.index}:
-        if (model, backend, True) in med.index and (model, backend, False) in med.index:
-            out[(model, backend)] = common.speedup_pct(med[(model, backend, False)], med[(model, backend, True)])
+    for (model, backend), s in per_repeat.groupby(level=[0, 1]):
+        s = s.droplevel([0, 1])
+        if {True, False} <= set(s.index.get_level_values(0)):
+            ratios = 100 * (common.paired_ratios(s, False, True) - 1)
+            out[(model, backend)] = common.spread(ratios)
     return out
 
 
@@ -69,9 +75,10 @@ def plot(df, cfg: Config):
     med = _medians(df, cfg)
     gains = speedups(df, cfg)
     _, unavailable = common.split_backends(cfg.backends, cfg.world_size)
-    fig, axes = common.grid([""], list(cfg.backends), width=1.6 + 2.2 * len(cfg.models), height=4.2)
-    colors = ("#4C72B0", "#55A868", "#C44E52", "#8172B2")
-    for c, backend in enumerate(cfg.backends):
+    backends = common.shown_backends(cfg.backends, unavailable)
+    fig, axes = common.grid([""], backends, width=1.6 + 2.2 * len(cfg.models), height=4.2)
+    colors = ("#4C72B0", "#55A868", "#C44E52", "#8172B2", "0.7")
+    for c, backend in enumerate(backends):
         ax = axes[0][c]
         bars = [(m, ov) for m in cfg.models for ov in (False, True) if (m, backend, ov) in med.index]
         if backend in unavailable or not bars:
@@ -83,28 +90,34 @@ def plot(df, cfg: Config):
             heights = [float(med.loc[(m, backend, ov), col]) for m, ov in bars]
             ax.bar(xs, heights, bottom=bottom, color=color, label=label, width=0.7)
             bottom = [b + h for b, h in zip(bottom, heights)]
+        ideal = [float(med.loc[(m, backend, ov), "ideal_ms"]) for m, ov in bars]
+        ax.hlines(ideal, [x - 0.4 for x in xs], [x + 0.4 for x in xs], colors="k", linestyles="--",
+                  label="ideal: forward + max(backward, comm) + optimizer")
         ax.set_xticks(list(xs), [f"{m}\n{'overlap' if ov else 'no overlap'}" for m, ov in bars], fontsize=8)
         for model in cfg.models:
             if (model, backend) in gains:
                 x = bars.index((model, True))
                 paper = PAPER["speedup_pct"].get((model, backend))
-                note = f"+{gains[(model, backend)]:.1f}%" + (f"\n(paper {paper}%)" if paper else "")
-                ax.annotate(note, (x, bottom[x]), ha="center", va="bottom", fontsize=8)
-        ax.set_ylim(0, max(bottom) * 1.25)
+                note = gains[(model, backend)].fmt("%", 1) + (f"\n(paper +{paper}%)" if paper else "")
+                ax.annotate(note, (x, bottom[x]), ha="center", va="bottom", fontsize=7)
+        ax.set_ylim(0, max(bottom) * 1.3)
         ax.set_title(backend, fontsize=10)
         ax.set_ylabel("median latency per iteration (ms)")
-        ax.legend(fontsize=7, loc="upper left")
-    common.title(fig, f"Figure 6: latency breakdown, overlapping vs non-overlapping, {cfg.world_size} ranks, "
-                      f"{cfg.bucket_cap_mb:g} MB buckets", f"{PAPER['setup']}; {PAPER['claim']}")
-    common.caption(fig, common.describe_setup(common.ok_rows(df, net=cfg.net)))
-    fig.tight_layout(rect=(0, 0.04, 1, 0.9))
-    return fig
+        ax.legend(fontsize=6, loc="upper left")
+    return common.finish(fig, f"Figure 6: latency breakdown, overlapping vs non-overlapping, {cfg.world_size} "
+                              f"ranks, {cfg.bucket_cap_mb:g} MB buckets", f"{PAPER['setup']}; {PAPER['claim']}",
+                         common.ok_rows(df, net=cfg.net), unavailable=unavailable)
 
 
 def summarize(df, cfg: Config) -> str:
     lines = []
     for (model, backend), gain in sorted(speedups(df, cfg).items()):
         paper = PAPER["speedup_pct"].get((model, backend))
-        lines.append(f"{model}/{backend}: overlap speedup {gain:+.1f}%"
+        lines.append(f"{model}/{backend}: overlap speedup {gain.fmt('%', 1)}"
                      + (f" (paper: +{paper}%)" if paper is not None else ""))
     return "\n".join(lines) or "no results"
+
+
+def claims(df, cfg: Config) -> list[common.Claim]:
+    return [common.Claim(FIGURE, f"overlap speedup, {m}/{b}", "%", PAPER["speedup_pct"].get((m, b)), gain)
+            for (m, b), gain in sorted(speedups(df, cfg).items())]

@@ -26,31 +26,24 @@ PAPER = {
 
 
 @dataclass(frozen=True)
-class Config:
+class Config(common.ModelSweep):
     """Sweep of bucket caps; every field is a --key=value override."""
 
-    models: tuple[str, ...] = ("resnet50", "bert-base")
-    backends: tuple[str, ...] = ("gloo", "nccl")
     world_size: int = 2
     bucket_caps_mb: tuple[float, ...] = (0, 1, 5, 25, 100, 1000)
     impl: str = "ours"
-    profile: str = "auto"
-    iters: int = 10
-    warmup: int = 2
-    net: str = "auto"  # emulated link per rank on CPU-only machines (harness/README.md); loopback = none
 
 
 def points(cfg: Config) -> list[TrainConfig]:
-    backends, _ = common.split_backends(cfg.backends, cfg.world_size)
-    return [TrainConfig(model=m, impl=cfg.impl, profile=cfg.profile, backend=b, world_size=cfg.world_size,
-                        bucket_cap_mb=cap, iters=cfg.iters, warmup=cfg.warmup, net=cfg.net)
-            for m in cfg.models for b in backends for cap in cfg.bucket_caps_mb]
+    return [p for cap in cfg.bucket_caps_mb
+            for p in cfg.train_points(cfg.world_size, impl=cfg.impl, bucket_cap_mb=cap)]
 
 
-def medians(df, cfg: Config):
+def repeat_medians(df, cfg: Config):
+    """Per (model, backend, bucket cap, repetition): the repetition's median latency."""
     ok = common.ok_rows(df, net=cfg.net)
     ok = ok[ok["model"].isin(cfg.models) & (ok["world_size"] == cfg.world_size)]
-    return ok.groupby(["model", "backend", "bucket_cap_mb"])["total_ms"].median()
+    return common.repeat_medians(ok, ["model", "backend", "bucket_cap_mb"])
 
 
 def plot(df, cfg: Config):
@@ -64,29 +57,38 @@ def draw(df, cfg: Config, name: str, paper: dict):
     _, unavailable = common.split_backends(cfg.backends, cfg.world_size)
 
     def draw(ax, sel, model, backend):
-        caps = sorted(sel["bucket_cap_mb"].unique())
-        ax.boxplot([sel.loc[sel["bucket_cap_mb"] == cap, "total_ms"] for cap in caps],
-                   tick_labels=[common.fmt_mb(cap) for cap in caps], showfliers=False)
-        grad_mb = sel["num_params"].iloc[0] * 4 / 2**20
-        ax.set_title(f"{model} / {backend} (gradients: {grad_mb:.3g} MB)", fontsize=10)
-        ax.set_xlabel("bucket cap (MB); 0 = one bucket per parameter")
-        ax.set_ylabel("per-iteration latency (ms)")
-        ax.grid(axis="y", alpha=0.3)
+        common.latency_boxes(ax, sel, "bucket_cap_mb", common.fmt_mb)
+        grad_mib = sel["num_params"].iloc[0] * 4 / 2**20
+        ax.set_title(f"{model} / {backend} (gradients: {grad_mib:.3g} MiB)", fontsize=10)
+        ax.set_xlabel("bucket cap (MiB); 0 = one bucket per parameter")
 
     fig = common.model_backend_panels(ok, cfg.models, cfg.backends, unavailable, draw)
-    common.title(fig, f"Figure {name[3:]}: per-iteration latency vs bucket size, {cfg.world_size} ranks",
-                 f"{paper['setup']}; {paper['claim']}")
-    common.caption(fig, common.describe_setup(ok))
-    fig.tight_layout(rect=(0, 0.04, 1, 0.93))
-    return fig
+    return common.finish(fig, f"Figure {name[3:]}: per-iteration latency vs bucket size, {cfg.world_size} ranks",
+                         f"{paper['setup']}; {paper['claim']}", ok, common.BOXES_NOTE, unavailable=unavailable)
+
+
+def verdicts(df, cfg: Config) -> dict:
+    """(model, backend) -> the best cap, the caps not worse than it beyond the noise, the worst cap, the best
+    cap's latency and best vs worst (a Spread over repetitions, each pair measured in the same pass)."""
+    out = {}
+    for (model, backend), series in repeat_medians(df, cfg).groupby(level=[0, 1]):
+        per_cap = series.droplevel([0, 1])
+        best, tied = common.best_options(per_cap)
+        worst = per_cap.groupby(level=0).median().idxmax()
+        out[(model, backend)] = dict(best=best, tied=sorted(tied), worst=worst, best_ms=common.spread(per_cap.xs(best)),
+                                     gain=common.spread(common.paired_ratios(per_cap, worst, best)))
+    return out
 
 
 def summarize(df, cfg: Config) -> str:
-    lines = []
-    for (model, backend), series in medians(df, cfg).groupby(level=[0, 1]):
-        per_cap = series.droplevel([0, 1])
-        best, worst = per_cap.idxmin(), per_cap.idxmax()
-        lines.append(f"{model}/{backend}: best cap {common.fmt_mb(best)} MB ({per_cap[best]:.0f} ms), worst "
-                     f"{common.fmt_mb(worst)} MB ({per_cap[worst]:.0f} ms), best vs worst "
-                     f"{per_cap[worst] / per_cap[best]:.2f}x (paper: >{PAPER['best_vs_worst_speedup']:.0f}x)")
+    claim = PAPER["best_vs_worst_speedup"]
+    lines = [f"{model}/{backend}: best cap {common.fmt_mb(v['best'])} MiB, {v['best_ms'].fmt()}; not worse beyond "
+             f"the noise: {', '.join(common.fmt_mb(c) for c in v['tied'])} MiB; worst {common.fmt_mb(v['worst'])} MiB; "
+             f"best vs worst {v['gain'].fmt('x', 2)} (paper: >{claim:.0f}x, {common.verdict(v['gain'], claim)})"
+             for (model, backend), v in verdicts(df, cfg).items()]
     return "\n".join(lines) or "no results"
+
+
+def claims(df, cfg: Config, name: str = FIGURE) -> list[common.Claim]:
+    return [common.Claim(name, f"best vs worst bucket cap, {m}/{b}", "x", PAPER["best_vs_worst_speedup"],
+                         v["gain"]) for (m, b), v in verdicts(df, cfg).items()]

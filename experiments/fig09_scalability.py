@@ -5,8 +5,10 @@
     torchrun ... -m experiments fig9 --world_sizes=32 --profile=paper   (one job per world size; each job
                                                 stores the points of its own WORLD_SIZE)
 
-The per-rank batch and threads are fixed, so ideal scaling is a flat line. On one CPU machine more ranks also share the
-same cores, so latency grows with compute contention as well as communication; the caption says so.
+The per-rank batch and threads are fixed, so ideal scaling is a flat line (drawn at the 1-rank latency). On one
+CPU machine more ranks also share the same cores, so latency grows with compute contention as well as with
+communication: the same model without DDP (``impl=local``, no communication) is measured at every world size,
+and the gap between it and DDP is what communication costs.
 """
 from __future__ import annotations
 
@@ -23,30 +25,19 @@ PAPER = {
 
 
 @dataclass(frozen=True)
-class Config:
+class Config(common.ModelSweep):
     """Weak-scaling sweep over world sizes; every field is a --key=value override."""
 
-    models: tuple[str, ...] = ("resnet50", "bert-base")
-    backends: tuple[str, ...] = ("gloo", "nccl")
     world_sizes: tuple[int, ...] = (1, 2, 4)
     bucket_cap_mb: float = 25
     impl: str = "ours"
-    profile: str = "auto"
-    iters: int = 10
-    warmup: int = 2
     threads_per_rank: int = 1  # fixed, so every world size does the same compute per rank (0 = cores // ranks)
-    net: str = "auto"  # emulated link per rank on CPU-only machines (harness/README.md); loopback = none
 
 
 def points(cfg: Config) -> list[TrainConfig]:
-    out = []
-    for n in cfg.world_sizes:
-        backends, _ = common.split_backends(cfg.backends, n)
-        out += [TrainConfig(model=m, impl=cfg.impl, profile=cfg.profile, backend=b, world_size=n,
-                            bucket_cap_mb=cfg.bucket_cap_mb, iters=cfg.iters, warmup=cfg.warmup, net=cfg.net,
-                            threads_per_rank=cfg.threads_per_rank)
-                for m in cfg.models for b in backends]
-    return out
+    return [p for n in cfg.world_sizes for impl in dict.fromkeys((cfg.impl, "local"))
+            for p in cfg.train_points(n, impl=impl, bucket_cap_mb=cfg.bucket_cap_mb,
+                                      threads_per_rank=cfg.threads_per_rank)]
 
 
 def _selected(df, cfg: Config):
@@ -59,7 +50,12 @@ def plot(df, cfg: Config):
     _, unavailable = common.split_backends(cfg.backends, max(cfg.world_sizes))
 
     def draw(ax, sel, model, backend):
-        common.median_lines(ax, sel, "world_size", "total_ms", "impl", label=lambda k: f"DDP ({k})")
+        common.median_lines(ax, sel, "world_size", "total_ms", "impl",
+                            label=lambda k: "no DDP (local): compute only" if k == "local" else f"DDP ({k})")
+        ddp = sel[sel["impl"] != "local"]
+        one = ddp.loc[ddp["world_size"] == ddp["world_size"].min(), "total_ms"]
+        if len(one):
+            ax.axhline(one.median(), ls="--", color="k", lw=1, label="ideal: flat at the fewest ranks")
         ax.set_ylim(bottom=0)
         ax.set_xticks(sorted(int(n) for n in sel["world_size"].unique()))
         ax.set_xlabel("ranks (fixed batch and threads per rank)")
@@ -67,19 +63,30 @@ def plot(df, cfg: Config):
         ax.legend(fontsize=8)
 
     fig = common.model_backend_panels(ok, cfg.models, cfg.backends, unavailable, draw)
-    common.title(fig, "Figure 9: latency vs number of ranks (weak scaling)", f"{PAPER['setup']}; {PAPER['claim']}")
-    common.caption(fig, common.describe_setup(ok) + ". On one machine, ranks also share its CPU cores.")
-    fig.tight_layout(rect=(0, 0.04, 1, 0.93))
-    return fig
+    return common.finish(fig, "Figure 9: latency vs number of ranks (weak scaling)",
+                         f"{PAPER['setup']}; {PAPER['claim']}", ok, ". On one machine, ranks also share its CPU cores",
+                         unavailable=unavailable)
 
 
 def summarize(df, cfg: Config) -> str:
-    med = _selected(df, cfg).groupby(["model", "backend", "world_size"])["total_ms"].median()
+    """Per model and backend: DDP latency at the fewest and most ranks (with spread over repetitions), and how
+    much of the growth is compute slowed by sharing the machine (no-DDP latency) vs communication."""
+    per_repeat = common.repeat_medians(_selected(df, cfg), ["model", "backend", "impl", "world_size"])
     lines = []
-    for (model, backend), s in med.groupby(level=[0, 1]):
+    for (model, backend), s in per_repeat.groupby(level=[0, 1]):
         s = s.droplevel([0, 1])
-        lo, hi = s.index.min(), s.index.max()
-        lines.append(f"{model}/{backend}: {s[lo]:.0f} ms at {lo} rank(s) -> {s[hi]:.0f} ms at {hi} "
-                     f"({s[hi] / s[lo]:.2f}x latency for {hi / lo:g}x ranks; weak-scaling efficiency "
-                     f"{100 * s[lo] / s[hi]:.0f}%)")
+        if cfg.impl not in s.index.get_level_values(0):
+            continue
+        ddp = s.xs(cfg.impl)
+        sizes = sorted(set(ddp.index.get_level_values(0)))
+        lo, hi = sizes[0], sizes[-1]
+        first, last = common.spread(ddp.xs(lo)), common.spread(ddp.xs(hi))
+        line = (f"{model}/{backend}: {first.fmt()} at {lo} rank(s) -> {last.fmt()} at {hi} "
+                f"(weak-scaling efficiency {100 * first.center / last.center:.0f}%)")
+        if "local" in s.index.get_level_values(0) and {lo, hi} <= set(s.xs("local").index.get_level_values(0)):
+            local = {n: common.spread(s.xs("local").xs(n)).center for n in (lo, hi)}
+            line += (f"; of the {last.center - first.center:.0f} ms growth, compute without DDP grew "
+                     f"{local[hi] - local[lo]:.0f} ms and DDP's communication at {hi} ranks adds "
+                     f"{last.center - local[hi]:.0f} ms over no DDP")
+        lines.append(line)
     return "\n".join(lines) or "no results"

@@ -1,11 +1,14 @@
-"""Figure 10: skipping gradient synchronization with no_sync, every n = 1, 2, 4, 8 iterations (Section 5.4).
+"""Figure 10: skipping gradient synchronization with no_sync, every n = 1, 2, 4, 8 iterations (paper Section 5.3).
 
     make fig10                                  CPU default: Gloo, 2 and 4 ranks (~7 min + setup)
     make fig10 ARGS="--sync_every=1,4 --world_sizes=2"
     torchrun ... -m experiments fig10 --world_sizes=32 --profile=paper
 
-Average per-iteration latency (mean over all measured iterations, synchronized or not, so communication is
-amortized over n iterations) vs number of ranks, one line per n. ``iters`` should be a multiple of every n.
+Per n: the average per-iteration latency (mean over all measured iterations, synchronized or not, so
+communication is amortized over n iterations; median over repetitions with its 95% interval), and apart from
+it the two populations it averages: synchronized iterations (communication) and skipped ones (``no_sync``,
+none). One marker group per world size, no lines drawn between measured points. ``iters`` should be a
+multiple of every n.
 """
 from __future__ import annotations
 
@@ -22,30 +25,19 @@ PAPER = {
 
 
 @dataclass(frozen=True)
-class Config:
+class Config(common.ModelSweep):
     """no_sync sweep; every field is a --key=value override."""
 
-    models: tuple[str, ...] = ("resnet50", "bert-base")
-    backends: tuple[str, ...] = ("gloo", "nccl")
     world_sizes: tuple[int, ...] = (2, 4)
     sync_every: tuple[int, ...] = (1, 2, 4, 8)
     bucket_cap_mb: float = 25
     impl: str = "ours"
-    profile: str = "auto"
     iters: int = 8
-    warmup: int = 2
-    net: str = "auto"  # emulated link per rank on CPU-only machines (harness/README.md); loopback = none
 
 
 def points(cfg: Config) -> list[TrainConfig]:
-    out = []
-    for ws in cfg.world_sizes:
-        backends, _ = common.split_backends(cfg.backends, ws)
-        out += [TrainConfig(model=m, impl=cfg.impl, profile=cfg.profile, backend=b, world_size=ws,
-                            bucket_cap_mb=cfg.bucket_cap_mb, sync_every=n, iters=cfg.iters, warmup=cfg.warmup,
-                            net=cfg.net)
-                for m in cfg.models for b in backends for n in cfg.sync_every]
-    return out
+    return [p for ws in cfg.world_sizes for n in cfg.sync_every
+            for p in cfg.train_points(ws, impl=cfg.impl, bucket_cap_mb=cfg.bucket_cap_mb, sync_every=n)]
 
 
 def _selected(df, cfg: Config):
@@ -54,32 +46,73 @@ def _selected(df, cfg: Config):
               & (ok["bucket_cap_mb"] == cfg.bucket_cap_mb)]
 
 
+def _repeat_values(sel):
+    """Per (world size, n, repetition): the amortized mean, and the medians of synced and skipped iterations."""
+    keys = ["world_size", "sync_every"]
+    return {"amortized (mean of all)": common.repeat_medians(sel, keys, agg="mean"),
+            "synchronized iterations": common.repeat_medians(sel[sel["synced"].astype(bool)], keys),
+            "skipped (no_sync) iterations": common.repeat_medians(sel[~sel["synced"].astype(bool)], keys)}
+
+
 def plot(df, cfg: Config):
     ok = _selected(df, cfg)
     _, unavailable = common.split_backends(cfg.backends, max(cfg.world_sizes))
+    styles = {"amortized (mean of all)": dict(marker="o", ms=6), "synchronized iterations": dict(marker="^", ms=5,
+              mfc="none"), "skipped (no_sync) iterations": dict(marker="v", ms=5, mfc="none")}
 
     def draw(ax, sel, model, backend):
-        common.median_lines(ax, sel, "world_size", "total_ms", "sync_every", label=lambda n: f"n = {n}", agg="mean")
+        sizes = sorted(int(n) for n in sel["world_size"].unique())
+        ns = sorted(int(n) for n in sel["sync_every"].unique())
+        width = 0.8 / max(1, len(sizes))
+        for (label, per_repeat), (_, style) in zip(_repeat_values(sel).items(), styles.items()):
+            for j, ws in enumerate(sizes):
+                xs, centers, errs = [], [], [[], []]
+                for i, n in enumerate(ns):
+                    if (ws, n) in per_repeat.droplevel(-1).index:
+                        sp = common.spread(per_repeat.xs((ws, n)))
+                        xs.append(i - 0.4 + width * (j + 0.5))
+                        centers.append(sp.center)
+                        errs[0].append(sp.center - sp.lo)
+                        errs[1].append(sp.hi - sp.center)
+                ax.errorbar(xs, centers, yerr=errs, ls="none", color=f"C{j}", capsize=2, **style,
+                            label=f"{ws} ranks, {label}")
         ax.set_ylim(bottom=0)
-        ax.set_xticks(sorted(int(n) for n in sel["world_size"].unique()))
-        ax.set_xlabel("ranks")
-        ax.set_ylabel("average latency per iteration (ms)")
-        ax.legend(fontsize=8, title="sync every", title_fontsize=8)
+        ax.set_xticks(range(len(ns)), [str(n) for n in ns])
+        ax.set_xlabel("synchronize every n iterations")
+        ax.set_ylabel("latency per iteration (ms)")
+        ax.legend(fontsize=6, loc="upper left", bbox_to_anchor=(1.01, 1))
+        ax.grid(axis="y", alpha=0.3)
 
-    fig = common.model_backend_panels(ok, cfg.models, cfg.backends, unavailable, draw)
-    common.title(fig, "Figure 10: skipping gradient synchronization", f"{PAPER['setup']}; {PAPER['claim']}")
-    common.caption(fig, common.describe_setup(ok))
-    fig.tight_layout(rect=(0, 0.04, 1, 0.93))
-    return fig
+    fig = common.model_backend_panels(ok, cfg.models, cfg.backends, unavailable, draw, width=6.5)
+    return common.finish(fig, "Figure 10: skipping gradient synchronization", f"{PAPER['setup']}; {PAPER['claim']}",
+                         ok, ". Markers: median over repetitions, bars: its 95% interval", unavailable=unavailable)
+
+
+def _savings(df, cfg: Config) -> dict:
+    """(model, backend, world size) -> (amortized latency per n, saving of the largest n vs n = 1 in percent),
+    Spreads over repetitions (the two of a saving measured in the same interleaved pass)."""
+    per_repeat = common.repeat_medians(_selected(df, cfg), ["model", "backend", "world_size", "sync_every"],
+                                       agg="mean")
+    out = {}
+    for key, s in per_repeat.groupby(level=[0, 1, 2]):
+        s = s.droplevel([0, 1, 2])
+        ns = sorted(set(s.index.get_level_values(0)))
+        saving = (ns[-1], common.spread(100 * (1 - common.paired_ratios(s, ns[-1], 1)))) \
+            if 1 in ns and len(ns) > 1 else None
+        out[key] = ({n: common.spread(s.xs(n)) for n in ns}, saving)
+    return out
 
 
 def summarize(df, cfg: Config) -> str:
-    mean = _selected(df, cfg).groupby(["model", "backend", "world_size", "sync_every"])["total_ms"].mean()
     lines = []
-    for (model, backend, ws), s in mean.groupby(level=[0, 1, 2]):
-        s = s.droplevel([0, 1, 2])
-        parts = ", ".join(f"n={n}: {v:.0f} ms" for n, v in s.items())
-        if 1 in s.index:
-            parts += f" (n={s.index.max()} saves {100 * (1 - s[s.index.max()] / s[1]):.0f}% vs n=1)"
+    for (model, backend, ws), (per_n, saving) in _savings(df, cfg).items():
+        parts = ", ".join(f"n={n}: {sp.fmt()}" for n, sp in per_n.items())
+        if saving:
+            parts += f"; n={saving[0]} saves {saving[1].fmt('%')} vs n=1"
         lines.append(f"{model}/{backend}, {ws} ranks: {parts}")
     return "\n".join(lines) or "no results"
+
+
+def claims(df, cfg: Config) -> list[common.Claim]:
+    return [common.Claim(FIGURE, f"n={saving[0]} vs n=1 amortized saving, {m}/{b}, {ws} ranks", "%", None,
+                         saving[1]) for (m, b, ws), (_, saving) in _savings(df, cfg).items() if saving]

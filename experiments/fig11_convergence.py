@@ -1,4 +1,4 @@
-"""Figure 11: convergence when gradients are synchronized only every n = 1, 2, 4, 8 iterations (Section 5.4).
+"""Figure 11: convergence when gradients are synchronized only every n = 1, 2, 4, 8 iterations (paper Section 5.3).
 
     make fig11                                  CPU default: digits, Gloo, 2 ranks, 8 points (~2 min + setup)
     make fig11 ARGS="--batch_sizes=8 --sync_every=1,8 --iters=800"
@@ -115,12 +115,9 @@ def plot(df, cfg: Config):
             ax.set_ylabel(ylabel)
             ax.grid(alpha=0.3, which="both")
             ax.legend(fontsize=8, title="sync every", title_fontsize=8)
-    common.title(fig, f"Figure 11: convergence with skipped synchronization ({cfg.dataset}, {cfg.world_size} "
-                      f"ranks, SGD lr {cfg.lr:g} momentum {cfg.momentum:g})",
-                 PAPER["claim"])
-    common.caption(fig, f"paper setup: {PAPER['setup']}. Measured: {common.describe_setup(ok)}")
-    fig.tight_layout(rect=(0, 0.04, 1, 0.98))
-    return fig
+    return common.finish(fig, f"Figure 11: convergence with skipped synchronization ({cfg.dataset}, "
+                              f"{cfg.world_size} ranks, SGD lr {cfg.lr:g} momentum {cfg.momentum:g})",
+                         PAPER["claim"], ok, f". Paper setup: {PAPER['setup']}")
 
 
 def _final(ok, cfg: Config):

@@ -1,4 +1,4 @@
-"""Figure 12: round-robin process groups, k = 1, 3, 5 underlying groups (paper Section 5.5).
+"""Figure 12: round-robin process groups, k = 1, 3, 5 underlying groups (paper Section 5.4).
 
     make fig12                                  CPU default: Gloo, 2 ranks (~2-3 min + setup)
     make fig12 ARGS="--groups=1,2,4 --world_size=4"
@@ -22,26 +22,18 @@ PAPER = {
 
 
 @dataclass(frozen=True)
-class Config:
+class Config(common.ModelSweep):
     """Round-robin group sweep; every field is a --key=value override."""
 
-    models: tuple[str, ...] = ("resnet50", "bert-base")
-    backends: tuple[str, ...] = ("gloo", "nccl")
     world_size: int = 2
     groups: tuple[int, ...] = (1, 3, 5)
     bucket_cap_mb: float = 25
-    profile: str = "auto"
-    iters: int = 10
-    warmup: int = 2
-    net: str = "auto"  # emulated link per rank on CPU-only machines (harness/README.md); loopback = none
 
 
 def points(cfg: Config) -> list[TrainConfig]:
-    backends, _ = common.split_backends(cfg.backends, cfg.world_size)
-    return [TrainConfig(model=m, impl="ours", profile=cfg.profile, backend=b, world_size=cfg.world_size,
-                        bucket_cap_mb=cfg.bucket_cap_mb, round_robin_groups=k, iters=cfg.iters,
-                        warmup=cfg.warmup, net=cfg.net)
-            for m in cfg.models for b in backends for k in cfg.groups]
+    return [p for k in cfg.groups
+            for p in cfg.train_points(cfg.world_size, impl="ours", bucket_cap_mb=cfg.bucket_cap_mb,
+                                      round_robin_groups=k)]
 
 
 def _selected(df, cfg: Config):
@@ -55,28 +47,35 @@ def plot(df, cfg: Config):
     _, unavailable = common.split_backends(cfg.backends, cfg.world_size)
 
     def draw(ax, sel, model, backend):
-        ks = sorted(sel["round_robin_groups"].unique())
-        ax.boxplot([sel.loc[sel["round_robin_groups"] == k, "total_ms"] for k in ks],
-                   tick_labels=[str(k) for k in ks], showfliers=False)
+        common.latency_boxes(ax, sel, "round_robin_groups")
         ax.set_xlabel("round-robin process groups (k)")
-        ax.set_ylabel("per-iteration latency (ms)")
-        ax.grid(axis="y", alpha=0.3)
 
     fig = common.model_backend_panels(ok, cfg.models, cfg.backends, unavailable, draw)
-    common.title(fig, f"Figure 12: round-robin process groups, {cfg.world_size} ranks",
-                 f"{PAPER['setup']}; {PAPER['claim']}")
-    common.caption(fig, common.describe_setup(ok))
-    fig.tight_layout(rect=(0, 0.04, 1, 0.93))
-    return fig
+    return common.finish(fig, f"Figure 12: round-robin process groups, {cfg.world_size} ranks",
+                         f"{PAPER['setup']}; {PAPER['claim']}", ok, common.BOXES_NOTE, unavailable=unavailable)
+
+
+def _gains(df, cfg: Config) -> dict:
+    """(model, backend) -> per k: latency and speedup over k = 1 (Spreads over repetitions)."""
+    per_repeat = common.repeat_medians(_selected(df, cfg), ["model", "backend", "round_robin_groups"])
+    out = {}
+    for (model, backend), s in per_repeat.groupby(level=[0, 1]):
+        s = s.droplevel([0, 1])
+        ks = sorted(set(s.index.get_level_values(0)))
+        out[(model, backend)] = {k: (common.spread(s.xs(k)),
+                                     common.spread(common.paired_ratios(s, 1, k)) if 1 in ks else None) for k in ks}
+    return out
 
 
 def summarize(df, cfg: Config) -> str:
-    med = _selected(df, cfg).groupby(["model", "backend", "round_robin_groups"])["total_ms"].median()
     lines = []
-    for (model, backend), s in med.groupby(level=[0, 1]):
-        s = s.droplevel([0, 1])
-        parts = ", ".join(f"k={k}: {v:.0f} ms" for k, v in s.items())
-        if 1 in s.index:
-            parts += f" (best k={s.idxmin()}, {s[1] / s.min():.2f}x vs k=1)"
-        lines.append(f"{model}/{backend}: {parts}")
+    for (model, backend), per_k in _gains(df, cfg).items():
+        parts = [f"k={k}: {ms.fmt()}" + (f", {gain.fmt('x', 2)} vs k=1" if gain and k != 1 else "")
+                 for k, (ms, gain) in per_k.items()]
+        lines.append(f"{model}/{backend}: " + "; ".join(parts))
     return "\n".join(lines) or "no results"
+
+
+def claims(df, cfg: Config) -> list[common.Claim]:
+    return [common.Claim(FIGURE, f"k={k} vs k=1 round-robin groups, {m}/{b}", "x", None, gain)
+            for (m, b), per_k in _gains(df, cfg).items() for k, (_, gain) in per_k.items() if gain and k == max(per_k)]

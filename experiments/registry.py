@@ -2,7 +2,8 @@
 drawing or reporting a figure from what is stored. Used by ``python -m experiments``, the notebook and the tests.
 
 A driver is a ``figNN_*.py`` module in this folder with ``FIGURE``, ``PAPER``, a ``Config`` dataclass,
-``points(cfg)``, ``plot(df, cfg)`` and optionally ``summarize(df, cfg)``.
+``points(cfg)``, ``plot(df, cfg)`` and optionally ``summarize(df, cfg)`` and ``claims(df, cfg)`` (its numbers
+beside the paper's, gathered by :func:`draw_claims` into one chart).
 """
 from __future__ import annotations
 
@@ -12,6 +13,8 @@ import json
 import os
 import pkgutil
 from pathlib import Path
+
+import pandas as pd
 
 import experiments
 from experiments import common
@@ -71,3 +74,40 @@ def report(driver, root=None) -> str:
     return (f"## {title}\n\n- Paper ({driver.PAPER['setup']}): {driver.PAPER['claim']}.\n"
             f"- Here ({common.describe_setup(df) if not df.empty else 'no results'}):\n\n"
             + "\n".join(f"      {line}" for line in measured.splitlines()) + "\n")
+
+
+def draw_claims(root=None) -> Path | None:
+    """``results/figures/claims.png``: every reproduced number (with its spread over repetitions) beside the
+    paper's value where the paper gives one, one panel per unit; prints the same as a table."""
+    found = []
+    for driver in drivers().values():
+        df = load_results(driver.FIGURE, root)
+        if hasattr(driver, "claims") and not df.empty:
+            found += driver.claims(df, stored_config(driver, root))
+    if not found:
+        print("[claims] no stored results yet; run a figure first (`make fig7`)")
+        return None
+    units = sorted({c.unit for c in found})
+    fig, axes = common.grid(units, [""], width=8.0, height=0.3 * max(len(found), 4))
+    for ax, unit in zip(axes[:, 0], units):
+        rows = [c for c in found if c.unit == unit]
+        ys = range(len(rows))
+        m = [c.measured for c in rows]
+        ax.errorbar([x.center for x in m], ys, xerr=[[x.center - x.lo for x in m], [x.hi - x.center for x in m]],
+                    fmt="o", color="C0", capsize=3, label="measured here (95% interval over repetitions)")
+        paper = [(c.paper, y) for c, y in zip(rows, ys) if c.paper is not None]
+        if paper:
+            ax.plot(*zip(*paper), "D", color="C3", label="paper")
+        ax.set_yticks(list(ys), [f"{c.figure}: {c.what}" for c in rows], fontsize=7)
+        ax.invert_yaxis()
+        ax.set_xlabel("speedup or saving (%)" if unit == "%" else "ratio (x)")
+        ax.grid(axis="x", alpha=0.3)
+        ax.legend(fontsize=7)
+    rows = pd.DataFrame([dict(figure=c.figure, what=c.what, paper=c.paper, measured=c.measured.fmt(c.unit, 2))
+                         for c in found])
+    print(rows.to_string(index=False))
+    all_rows = pd.concat([load_results(d.FIGURE, root) for d in drivers().values()], ignore_index=True)
+    common.finish(fig, "Measured here vs the paper", "red diamonds (claims of a shape only have none)", all_rows)
+    path = common.save(fig, "claims", root)
+    print(f"[claims] wrote {path} (and .pdf)")
+    return path

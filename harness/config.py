@@ -1,8 +1,11 @@
 """Point configurations (dataclasses), their validation, stable ids and a generic dataclass -> CLI helper.
 
 A *point* is one fully specified measurement: one launch of ``world_size`` ranks. Drivers build lists of
-points and hand them to :func:`harness.sweep.run_sweep`. Validation runs before anything is spawned, so a
-bad value costs a ValueError naming it, never a hung launch.
+points and hand them to :func:`harness.sweep.run_sweep`. Each field declares what it accepts (``choices``,
+``positive``, ``non_negative`` in its metadata) and :func:`validate` checks every field from that, the one
+place a value is checked; what the *machine* must provide (GPUs, namespaces, data on disk) is
+:func:`harness.preflight.preflight`'s, run once per sweep. Either raises ValueError naming the field, the
+value and what is allowed, before anything is spawned.
 
 ``profile="auto"`` and ``backend="auto"`` are resolved (:func:`resolve`) before a point is hashed, so a point
 id always names concrete settings: the same config on a GPU and a CPU machine gets different ids.
@@ -16,47 +19,55 @@ import argparse
 import dataclasses
 import hashlib
 import json
-import os
 import typing
 from dataclasses import dataclass, field
 
-from harness import netem
-from harness.env import in_place
+from ddp_impl.comm_hooks import ALIASES
+from harness import env
+from harness.data import DATASETS
+from harness.launch import BACKENDS
+from harness.rate import check_net
 
 MODELS = ("small", "resnet50", "bert-base", "bert-large")
 PROFILES = ("paper", "cpu")
 IMPLS = ("ours", "torch", "local")
-BACKENDS = ("gloo", "nccl")
-COMM_HOOKS = ("", "allreduce", "fp16_compress", "bf16_compress")
+COMM_HOOKS = ("", *ALIASES)  # ddp_impl's short names of torch's own hooks; "" = the default allreduce
 FAULT_KINDS = ("raise", "exit", "hang")
+DEFAULT_NET = "auto"  # emulate a link where nothing real is there (spawned CPU ranks); see harness.netem
 
-# Fields marked with this metadata do not change what is measured, so they are left out of the point id.
-NOT_IDENTITY = {"identity": False}
+
+def _field(default, check: str = "", choices: tuple = (), identity: bool = True):
+    """A field with what it accepts in its metadata: ``check`` is "positive" or "non_negative"."""
+    meta = {"check": check, "choices": choices}
+    if not identity:  # does not change what is measured, so it is left out of the point id
+        meta["identity"] = False
+    return field(default=default, metadata=meta)
 
 
 @dataclass(frozen=True)
 class TrainConfig:
     """One training-iteration measurement (paper Figures 6-12)."""
 
-    model: str = "small"  # one of MODELS
-    impl: str = "ours"  # ours | torch (torch's DDP) | local (no DDP, no communication)
-    profile: str = "auto"  # paper | cpu | auto (cpu when no GPU); input sizes, see harness.models
-    backend: str = "auto"  # gloo | nccl | auto (nccl when CUDA is available)
-    world_size: int = 2
-    batch_size: int = 0  # per rank; 0 = the profile's default
-    bucket_cap_mb: float = 25.0  # DDP bucket cap (MiB); ignored by impl=local
+    model: str = _field("small", choices=MODELS)
+    impl: str = _field("ours", choices=IMPLS)  # ours | torch (torch's DDP) | local (no DDP, no communication)
+    profile: str = _field("auto", choices=("auto", *PROFILES))  # auto = cpu without a GPU; see harness.models
+    backend: str = _field("auto", choices=("auto", *BACKENDS))  # auto = nccl when CUDA is available
+    world_size: int = _field(2, "positive")
+    batch_size: int = _field(0, "non_negative")  # per rank; 0 = the profile's default
+    bucket_cap_mb: float = _field(25.0, "non_negative")  # DDP bucket cap (MiB); ignored by impl=local
     overlap: bool = True  # ours only: launch bucket allreduces during backward (torch always overlaps)
-    sync_every: int = 1  # n: synchronize gradients on 1 of every n iterations (no_sync on the others)
-    round_robin_groups: int = 1  # ours only: k process groups used round-robin
-    comm_hook: str = ""  # one of COMM_HOOKS; "" = the implementation's default allreduce
+    sync_every: int = _field(1, "positive")  # n: synchronize on 1 of every n iterations (no_sync on the others)
+    round_robin_groups: int = _field(1, "positive")  # ours only: k process groups used round-robin
+    comm_hook: str = _field("", choices=COMM_HOOKS)  # torch's hook by ddp_impl's short name; "" = default
     gradient_as_bucket_view: bool = False
-    iters: int = 20  # measured iterations (rows per rank)
-    warmup: int = 5  # iterations run before measuring, never stored
+    iters: int = _field(20, "positive")  # measured iterations (rows per rank)
+    warmup: int = _field(5, "non_negative")  # iterations run before measuring, never stored
     seed: int = 0
+    repeat: int = _field(0, "non_negative")  # which repetition of the same point (measured again, same seed)
     lr: float = 0.01  # plain SGD
-    threads_per_rank: int = 0  # 0 = max(1, cores // ranks on this node)
-    net: str = "loopback"  # loopback | RATE per rank, e.g. 1gbit (emulated link) | auto; see harness.netem
-    timeout_s: float = field(default=300.0, metadata=NOT_IDENTITY)  # process group timeout
+    threads_per_rank: int = _field(0, "non_negative")  # 0 = max(1, cores // ranks on this node)
+    net: str = DEFAULT_NET  # loopback | RATE per rank, e.g. 1gbit (emulated link) | auto; see harness.netem
+    timeout_s: float = _field(300.0, "positive", identity=False)  # process group timeout
     fault: str = ""  # fault injection for tests: "<raise|exit|hang>@<rank>"
 
 
@@ -64,16 +75,17 @@ class TrainConfig:
 class AllreduceConfig:
     """Allreduce microbenchmark point (paper Figure 2): total_params float32 split into calls of k params."""
 
-    backend: str = "auto"
-    world_size: int = 2
-    profile: str = "auto"
-    total_params: int = 0  # 0 = profile default: 60M (paper) or 4M (cpu)
-    params_per_call: int = 1_000_000  # k
-    iters: int = 10
-    warmup: int = 2
-    threads_per_rank: int = 0
-    net: str = "loopback"  # loopback | RATE | auto (ResNet50's auto rate); see harness.netem
-    timeout_s: float = field(default=300.0, metadata=NOT_IDENTITY)
+    backend: str = _field("auto", choices=("auto", *BACKENDS))
+    world_size: int = _field(2, "positive")
+    profile: str = _field("auto", choices=("auto", *PROFILES))
+    total_params: int = _field(0, "non_negative")  # 0 = profile default: 60M (paper) or 4M (cpu)
+    params_per_call: int = _field(1_000_000, "positive")  # k
+    iters: int = _field(10, "positive")
+    warmup: int = _field(2, "non_negative")
+    repeat: int = _field(0, "non_negative")
+    threads_per_rank: int = _field(0, "non_negative")
+    net: str = DEFAULT_NET  # loopback | RATE | auto (ResNet50's auto rate); see harness.netem
+    timeout_s: float = _field(300.0, "positive", identity=False)
     fault: str = ""
 
 
@@ -81,113 +93,87 @@ class AllreduceConfig:
 class ConvergenceConfig:
     """Convergence on real data with skipped synchronization (paper Figure 11): loss/accuracy per iteration."""
 
-    dataset: str = "digits"  # digits (ships with scikit-learn) | cifar10 (read from data_dir, never downloaded)
+    dataset: str = _field("digits", choices=DATASETS)  # digits (ships with scikit-learn) | cifar10 (data_dir)
     data_dir: str = ""  # cifar10: directory holding cifar-10-batches-py
-    world_size: int = 2
-    backend: str = "auto"
-    batch_size: int = 8  # per rank
-    sync_every: int = 1  # n: synchronize on 1 of every n iterations, no_sync (accumulate) on the others
-    iters: int = 1600  # forward/backward iterations per rank (the optimizer steps iters / sync_every times)
-    lr: float = 0.02  # SGD learning rate (converges on digits at batch 8 and 256 for n = 1..8)
-    momentum: float = 0.9
-    eval_every: int = 40  # rank 0 evaluates the test split after every eval_every-th iteration and the last
-    test_fraction: float = 0.2  # digits: held-out share (cifar10 uses its official test set)
+    world_size: int = _field(2, "positive")
+    backend: str = _field("auto", choices=("auto", *BACKENDS))
+    batch_size: int = _field(8, "positive")  # per rank
+    sync_every: int = _field(1, "positive")  # n: synchronize on 1 of every n iterations, accumulate otherwise
+    iters: int = _field(1600, "positive")  # forward/backward iterations per rank (iters / sync_every steps)
+    lr: float = _field(0.02, "positive")  # SGD learning rate (converges on digits at batch 8 and 256, n = 1..8)
+    momentum: float = 0.9  # in [0, 1)
+    eval_every: int = _field(40, "positive")  # rank 0 evaluates the test split every eval_every-th iteration
+    test_fraction: float = 0.2  # digits: held-out share in (0, 1) (cifar10 uses its official test set)
     seed: int = 0  # model init, train/test split and per-epoch shuffles
-    bucket_cap_mb: float = 25.0
-    threads_per_rank: int = 0
-    net: str = "loopback"  # loopback | RATE (auto = loopback: convergence is per iteration); see harness.netem
-    timeout_s: float = field(default=300.0, metadata=NOT_IDENTITY)
+    bucket_cap_mb: float = _field(25.0, "non_negative")
+    threads_per_rank: int = _field(0, "non_negative")
+    net: str = DEFAULT_NET  # loopback | RATE (auto = loopback: convergence is per iteration); see harness.netem
+    timeout_s: float = _field(300.0, "positive", identity=False)
     fault: str = ""
 
 
 PointConfig = typing.Union[TrainConfig, AllreduceConfig, ConvergenceConfig]
+POINT_TYPES = (TrainConfig, AllreduceConfig, ConvergenceConfig)
 
 DEFAULT_TOTAL_PARAMS = {"paper": 60_000_000, "cpu": 4_000_000}
 
 
-def cuda_available() -> bool:
-    import torch
-
-    return torch.cuda.is_available()
+def auto_profile_backend(profile: str, backend: str) -> tuple[str, str]:
+    """``auto`` profile and backend made concrete for this machine: paper sizes and NCCL where CUDA is."""
+    gpu = (profile == "auto" or backend == "auto") and env.cuda_available()
+    return (("paper" if gpu else "cpu") if profile == "auto" else profile,
+            ("nccl" if gpu else "gloo") if backend == "auto" else backend)
 
 
 def resolve(cfg: PointConfig) -> PointConfig:
-    """Replace ``auto`` profile/backend and profile-dependent zeros by concrete values."""
-    changes = {}
-    if getattr(cfg, "profile", None) == "auto":
-        changes["profile"] = "paper" if cuda_available() else "cpu"
-    if cfg.backend == "auto":
-        changes["backend"] = "nccl" if cuda_available() else "gloo"
-    if getattr(cfg, "net", "loopback") == "auto" and auto_net_is_loopback(
-            type(cfg).__name__, changes.get("backend", cfg.backend), cfg.world_size, getattr(cfg, "impl", "")):
+    """Replace ``auto`` profile/backend/net and profile-dependent zeros by concrete values (idempotent)."""
+    profile, backend = auto_profile_backend(getattr(cfg, "profile", "cpu"), cfg.backend)
+    changes = {"backend": backend}
+    if hasattr(cfg, "profile"):
+        changes["profile"] = profile
+    if cfg.net == "auto" and auto_net_is_loopback(type(cfg).__name__, backend, cfg.world_size,
+                                                  getattr(cfg, "impl", "")):
         changes["net"] = "loopback"
-    if isinstance(cfg, AllreduceConfig) and cfg.total_params == 0:
-        profile = changes.get("profile", cfg.profile)
-        if profile in DEFAULT_TOTAL_PARAMS:
-            changes["total_params"] = DEFAULT_TOTAL_PARAMS[profile]
-    return dataclasses.replace(cfg, **changes) if changes else cfg
+    if isinstance(cfg, AllreduceConfig) and cfg.total_params == 0 and profile in DEFAULT_TOTAL_PARAMS:
+        changes["total_params"] = DEFAULT_TOTAL_PARAMS[profile]
+    return dataclasses.replace(cfg, **changes)
 
 
 def auto_net_is_loopback(point_type: str, backend: str, world_size: int, impl: str = "") -> bool:
     """Where ``net='auto'`` means plain loopback: it emulates a network only for spawned CPU points that
     communicate and time it; with GPUs (NCCL) or under torchrun the real interconnect is used, and
-    convergence does not depend on time."""
-    return (backend == "nccl" or cuda_available() or in_place() or world_size == 1 or impl == "local"
+    convergence does not depend on time. Evaluated where the point runs; the result is stored with its rows
+    (``net_auto_loopback``), so plots never ask the plotting machine."""
+    return (backend == "nccl" or env.cuda_available() or env.in_place() or world_size == 1 or impl == "local"
             or point_type not in ("TrainConfig", "AllreduceConfig"))
 
 
-def _check_choice(name: str, value, choices) -> None:
-    if value not in choices:
-        raise ValueError(f"unknown {name} {value!r}; choose one of {list(choices)}")
+def _check_fields(cfg: PointConfig) -> None:
+    for f in dataclasses.fields(cfg):
+        value, check, choices = getattr(cfg, f.name), f.metadata.get("check"), f.metadata.get("choices")
+        if choices and value not in choices:
+            raise ValueError(f"unknown {f.name} {value!r}; choose one of {list(choices)}")
+        if check == "positive" and not value > 0:
+            raise ValueError(f"{f.name} must be positive, got {value}")
+        if check == "non_negative" and not value >= 0:
+            raise ValueError(f"{f.name} must be >= 0, got {value}")
 
 
 def _check_fault(fault: str) -> None:
-    if not fault:
-        return
     kind, _, rank = fault.partition("@")
-    if kind not in FAULT_KINDS or not rank.isdigit():
+    if fault and (kind not in FAULT_KINDS or not rank.isdigit()):
         raise ValueError(f"bad fault {fault!r}; expected '<{'|'.join(FAULT_KINDS)}>@<rank>'")
 
 
-def ranks_on_this_node(world_size: int) -> int:
-    """Ranks sharing this machine: LOCAL_WORLD_SIZE under torchrun, else all of them (spawned)."""
-    if in_place() and "LOCAL_WORLD_SIZE" in os.environ:
-        return int(os.environ["LOCAL_WORLD_SIZE"])
-    return world_size
-
-
 def validate(cfg: PointConfig) -> PointConfig:
-    """Resolve and check ``cfg``; raise ValueError naming the first bad value. Returns the resolved config."""
-    if not isinstance(cfg, (TrainConfig, AllreduceConfig, ConvergenceConfig)):
+    """Check every value of ``cfg`` (not the machine: see harness.preflight); raise ValueError naming the first
+    bad one. Returns the resolved config."""
+    if not isinstance(cfg, POINT_TYPES):
         raise ValueError(f"unknown point config type {type(cfg).__name__}")
-    if getattr(cfg, "profile", "auto") != "auto":
-        _check_choice("profile", cfg.profile, PROFILES)
-    if cfg.backend != "auto":
-        _check_choice("backend", cfg.backend, BACKENDS)
-    if cfg.world_size < 1:
-        raise ValueError(f"world_size must be positive, got {cfg.world_size}")
-    if cfg.iters <= 0:
-        raise ValueError(f"iters must be positive, got {cfg.iters}")
-    if getattr(cfg, "warmup", 0) < 0:
-        raise ValueError(f"warmup must be non-negative, got {cfg.warmup}")
-    if cfg.timeout_s <= 0:
-        raise ValueError(f"timeout_s must be positive, got {cfg.timeout_s}")
-    if cfg.threads_per_rank < 0:
-        raise ValueError(f"threads_per_rank must be >= 0, got {cfg.threads_per_rank}")
+    _check_fields(cfg)
     _check_fault(cfg.fault)
-    netem.check_net(cfg.net)
+    check_net(cfg.net)
     if isinstance(cfg, TrainConfig):
-        _check_choice("model", cfg.model, MODELS)
-        _check_choice("impl", cfg.impl, IMPLS)
-        _check_choice("comm_hook", cfg.comm_hook, COMM_HOOKS)
-        if cfg.bucket_cap_mb < 0:
-            raise ValueError(f"bucket_cap_mb must be >= 0, got {cfg.bucket_cap_mb}")
-        if cfg.batch_size < 0:
-            raise ValueError(f"batch_size must be >= 0, got {cfg.batch_size}")
-        if cfg.sync_every < 1:
-            raise ValueError(f"sync_every must be positive, got {cfg.sync_every}")
-        if cfg.round_robin_groups < 1:
-            raise ValueError(f"round_robin_groups must be positive, got {cfg.round_robin_groups}")
         if cfg.round_robin_groups > 1 and cfg.impl != "ours":
             raise ValueError(f"round_robin_groups={cfg.round_robin_groups} needs impl='ours', got {cfg.impl!r}")
         if not cfg.overlap and cfg.impl == "torch":
@@ -195,55 +181,22 @@ def validate(cfg: PointConfig) -> PointConfig:
         if cfg.comm_hook and cfg.impl == "local":
             raise ValueError(f"comm_hook={cfg.comm_hook!r} needs a DDP impl, got impl='local'")
     elif isinstance(cfg, ConvergenceConfig):
-        _validate_convergence(cfg)
-    else:
-        if cfg.total_params < 0:
-            raise ValueError(f"total_params must be >= 0, got {cfg.total_params}")
-        if cfg.params_per_call <= 0:
-            raise ValueError(f"params_per_call must be positive, got {cfg.params_per_call}")
+        if not 0 <= cfg.momentum < 1:
+            raise ValueError(f"momentum must be in [0, 1), got {cfg.momentum}")
+        if not 0 < cfg.test_fraction < 1:
+            raise ValueError(f"test_fraction must be in (0, 1), got {cfg.test_fraction}")
     cfg = resolve(cfg)
     if isinstance(cfg, AllreduceConfig) and cfg.params_per_call > cfg.total_params:
         raise ValueError(f"params_per_call={cfg.params_per_call} exceeds total_params={cfg.total_params}")
-    if cfg.backend == "nccl":
-        if not cuda_available():
-            raise ValueError("backend='nccl' needs CUDA, but torch.cuda.is_available() is False")
-        import torch
-
-        local = ranks_on_this_node(cfg.world_size)
-        if local > torch.cuda.device_count():
-            raise ValueError(
-                f"world_size={cfg.world_size} puts {local} ranks on this node but only "
-                f"{torch.cuda.device_count()} GPU(s) are visible; backend='nccl' needs one GPU per rank"
-            )
-    if cfg.net != "loopback":
-        if in_place():
-            raise ValueError(f"net={cfg.net!r} cannot apply under torchrun/SLURM (RANK is set): the ranks already "
-                             f"run on the real network; use net='loopback'")
-        netem.require()  # NetemUnavailable (a ValueError) names what is missing
     return cfg
 
 
-def _validate_convergence(cfg: ConvergenceConfig) -> None:
-    from harness.data import check_dataset  # unknown data set or missing CIFAR-10 directory: before any spawn
-
-    check_dataset(cfg.dataset, cfg.data_dir)
-    for name in ("batch_size", "sync_every", "eval_every"):
-        if getattr(cfg, name) < 1:
-            raise ValueError(f"{name} must be positive, got {getattr(cfg, name)}")
-    if not cfg.lr > 0:
-        raise ValueError(f"lr must be positive, got {cfg.lr}")
-    if not 0 <= cfg.momentum < 1:
-        raise ValueError(f"momentum must be in [0, 1), got {cfg.momentum}")
-    if not 0 < cfg.test_fraction < 1:
-        raise ValueError(f"test_fraction must be in (0, 1), got {cfg.test_fraction}")
-    if cfg.bucket_cap_mb < 0:
-        raise ValueError(f"bucket_cap_mb must be >= 0, got {cfg.bucket_cap_mb}")
-
-
 def point_id(cfg: PointConfig) -> str:
-    """Stable 12-hex-digit id of a point: hash of its type and identity fields (after :func:`resolve`)."""
+    """Stable 12-hex-digit id of a point: hash of its type and identity fields (after :func:`resolve`).
+    ``repeat=0`` is left out, so first repetitions keep the ids they had before repetitions existed."""
     cfg = resolve(cfg)
-    ident = {f.name: getattr(cfg, f.name) for f in dataclasses.fields(cfg) if f.metadata.get("identity", True)}
+    ident = {f.name: getattr(cfg, f.name) for f in dataclasses.fields(cfg) if f.metadata.get("identity", True)
+             and not (f.name == "repeat" and cfg.repeat == 0)}
     blob = json.dumps({"type": type(cfg).__name__, **ident}, sort_keys=True, default=str)
     return hashlib.sha256(blob.encode()).hexdigest()[:12]
 

@@ -1,5 +1,6 @@
 """Where this process runs, as the launcher's environment says: the one place outside the launcher's own
-start-up that reads ``RANK``. A leaf module (no harness imports), so config, sweep and drivers can all use it."""
+start-up that reads ``RANK``, and whether CUDA is here. A leaf module (no harness imports), so config, launch,
+sweep and drivers can all use it; tests replace ``cuda_available`` to play a GPU machine."""
 from __future__ import annotations
 
 import os
@@ -18,3 +19,17 @@ def global_rank() -> int:
 def is_writer() -> bool:
     """Only rank 0 writes results and figures (every rank runs the sweep under torchrun)."""
     return global_rank() == 0
+
+
+def ranks_on_this_node(world_size: int) -> int:
+    """Ranks sharing this machine: LOCAL_WORLD_SIZE under torchrun, else all of them (spawned)."""
+    if in_place() and "LOCAL_WORLD_SIZE" in os.environ:
+        return int(os.environ["LOCAL_WORLD_SIZE"])
+    return world_size
+
+
+def cuda_available() -> bool:
+    """Whether this process sees a CUDA device (imports torch only when asked)."""
+    import torch
+
+    return torch.cuda.is_available()

@@ -10,8 +10,8 @@
 * In place (RANK set, e.g. ``torchrun``/SLURM): env:// rendezvous (RANK, WORLD_SIZE, LOCAL_RANK,
   MASTER_ADDR/PORT); ``fn`` runs in this process and results are all-gathered, so every rank gets the list.
   The default process group is created once and reused by later launches in the same job.
-* Emulated network (``net_rate_mbit``, spawned only): the spawned launch runs inside a private network
-  namespace whose loopback gives each rank that bandwidth; see :mod:`harness.netem`.
+* Emulated network: :func:`harness.netem.launch_in_namespace` runs this launcher inside a private network
+  namespace (the sweep picks it for points with a ``net``); this module knows nothing of it.
 
 Every process group gets ``timeout_s``, so a collective waiting on a hung or dead peer raises instead of
 blocking forever. Threads: each rank uses ``max(1, cores // ranks_on_this_node)`` unless told otherwise,
@@ -33,7 +33,9 @@ from typing import Any, Callable, Sequence
 import torch
 import torch.distributed as dist
 
-from harness.env import in_place
+from harness import env
+
+BACKENDS = ("gloo", "nccl")
 
 # A rank that has died without reporting may still have its result in flight; wait this long for it.
 _DEAD_GRACE_S = 2.0
@@ -222,35 +224,35 @@ def refuse_in_bootstrapping_child() -> None:
                            "driver's code under `if __name__ == '__main__':`")
 
 
+def check_backend(backend: str, world_size: int) -> None:
+    """Raise ValueError unless this machine can run ``world_size`` ranks on ``backend``: NCCL needs CUDA and
+    one visible GPU per rank on this node."""
+    if backend not in BACKENDS:
+        raise ValueError(f"unknown backend {backend!r}; choose one of {list(BACKENDS)}")
+    if backend != "nccl":
+        return
+    if not env.cuda_available():
+        raise ValueError("backend='nccl' needs CUDA, but torch.cuda.is_available() is False")
+    local, gpus = env.ranks_on_this_node(world_size), torch.cuda.device_count()
+    if local > gpus:
+        raise ValueError(f"world_size={world_size} puts {local} ranks on this node but only {gpus} GPU(s) are "
+                         f"visible; backend='nccl' needs one GPU per rank")
+
+
 def launch(fn: Callable[..., Any], world_size: int, backend: str = "gloo", *, args: Sequence = (),
-           timeout_s: float = 300.0, threads: int = 0, deadline_s: float | None = None,
-           net_rate_mbit: float | None = None) -> list:
+           timeout_s: float = 300.0, threads: int = 0, deadline_s: float | None = None) -> list:
     """Run ``fn(ctx, *args)`` on ``world_size`` ranks; return the results indexed by rank.
 
     ``fn`` must be a module-level function (it is pickled into spawned ranks). ``timeout_s`` is the
     process-group timeout; ``threads`` (0 = auto) the torch threads per rank; ``deadline_s`` an optional
-    wall-clock limit for the whole launch (spawned mode). ``net_rate_mbit`` (spawned mode only) runs the
-    ranks in a private network namespace whose loopback gives each rank that bandwidth (``harness.netem``;
-    ``args`` and results then travel as JSON). Raises :class:`LaunchError` if any rank fails.
+    wall-clock limit for the whole launch (spawned mode). Raises :class:`LaunchError` if any rank fails.
+    (Ranks behind an emulated network: ``harness.netem.launch_in_namespace``, which calls this inside.)
     """
     refuse_in_bootstrapping_child()
     if world_size < 1:
         raise ValueError(f"world_size must be positive, got {world_size}")
-    if backend not in ("gloo", "nccl"):
-        raise ValueError(f"unknown backend {backend!r}; choose 'gloo' or 'nccl'")
-    if backend == "nccl" and not in_place():
-        if not torch.cuda.is_available():
-            raise ValueError("backend='nccl' needs CUDA, but torch.cuda.is_available() is False")
-        if world_size > torch.cuda.device_count():
-            raise ValueError(f"world_size={world_size} exceeds the {torch.cuda.device_count()} visible GPU(s)")
-    if net_rate_mbit is not None and in_place():
-        raise ValueError("network emulation cannot apply under torchrun/SLURM (RANK is set): the ranks already "
-                         "run on the real network; use net='loopback'")
-    if in_place():
+    check_backend(backend, world_size)
+    if env.in_place():
         return _run_in_place(fn, world_size, backend, args, timeout_s, threads)
     sys.stdout.flush()
-    if net_rate_mbit is not None:
-        from harness.netem import launch_in_namespace
-
-        return launch_in_namespace(fn, world_size, backend, args, timeout_s, threads, deadline_s, net_rate_mbit)
     return _spawn(fn, world_size, backend, args, timeout_s, threads, deadline_s)

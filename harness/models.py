@@ -3,7 +3,7 @@
 Profiles set input sizes only; the model is the same in both, so the gradient volume that DDP
 communicates is unchanged and ``cpu`` runs measure the same communication as ``paper`` runs.
 
-Assumptions (the paper does not state them; see paper-notes.md):
+Assumptions (the paper does not state them; REPRODUCTION.md lists them):
   * ``paper``: ResNet50 at 224x224, batch 32 per GPU; BERT (base or large) sequence length 128, batch 8
     per GPU. The small test model uses 32x32 images, batch 32.
   * ``cpu``: ResNet50 at 64x64, batch 4; BERT-base sequence 32, batch 2; BERT-large sequence 32, batch 1;

@@ -8,14 +8,15 @@ that is slower than memory and does not burn the compute's cores. ``net`` (a fie
     net = "500mbit"      RATE: every rank gets a link of this bandwidth (units kbit, mbit, gbit, tbit; as tc)
     net = "auto"         the RATE at which allreducing the model's whole gradient once takes as long as its
                          backward (the regime of the paper's Figure 2), measured here on the point's ranks
-                         without DDP (see ``auto_rate``); cached per model/profile/batch/threads/ranks
+                         without DDP (:mod:`harness.autorate`); cached per model/profile/batch/threads/ranks
 
-How: ``launch(..., net_rate_mbit=R)`` runs ``unshare -rn <python> -c <_helper> REQUEST RESULT``: a
-helper in a new user+network namespace brings its ``lo`` up, shapes it with
-``tc qdisc add dev lo root tbf rate <world_size x R> burst <B> limit <L>`` and runs the normal spawned launch,
-whose ranks inherit the namespace. ``fn`` travels by import name and its arguments as JSON (plain values and
-dataclasses); per-rank results come back as JSON in RESULT (tuples come back as lists). Nothing is pickled
-and the host's network is never touched: the namespace, its ``lo`` and qdisc vanish with the helper.
+How: ``launch_in_namespace(fn, ..., rate_mbit=R)`` (the sweep's choice for such points) runs
+``unshare -rn <python> -c <_helper> REQUEST RESULT``: a helper in a new user+network namespace brings its
+``lo`` up, shapes it with ``tc qdisc add dev lo root tbf rate <world_size x R> burst <B> limit <L>`` and runs
+the normal spawned launch, whose ranks inherit the namespace. ``fn`` travels by import name and its arguments
+as JSON (plain values and dataclasses); per-rank results come back as JSON in RESULT (tuples come back as
+lists). Nothing is pickled and the host's network is never touched: the namespace, its ``lo`` and qdisc
+vanish with the helper.
 
 Shaping: all ranks share one ``lo`` and every packet crosses lo's egress qdisc once. In a ring allreduce every
 rank sends at the same time, so lo is shaped to ``world_size x R``; each rank then gets R, i.e. allreduce
@@ -25,14 +26,13 @@ max(256 KiB, 1 ms at lo's rate): more than lo's 64 KiB packets, small next to a 
 packet dropped on lo costs a 200 ms retransmission timeout. Drops, if any, are reported on stderr.
 
 Not available under torchrun (RANK set): those ranks already run on the real network, so ``auto`` resolves
-to ``loopback`` there and a RATE is refused (see ``harness.config.resolve`` / ``validate``).
+to ``loopback`` there and a RATE is refused (see ``harness.config.resolve`` and ``harness.preflight``).
 """
 from __future__ import annotations
 
 import dataclasses
 import importlib
 import json
-import math
 import os
 import re
 import shlex
@@ -43,6 +43,8 @@ import sys
 import tempfile
 import traceback
 from pathlib import Path
+
+from harness.launch import LaunchError, launch
 
 _SBIN = "/usr/local/sbin:/usr/sbin:/sbin:/usr/local/bin:/usr/bin:/bin"
 
@@ -60,30 +62,9 @@ BURST_MIN_BYTES = 256 * 1024
 BURST_S = 1e-3
 LIMIT_MIN_BYTES = 64 * 1024 * 1024
 LIMIT_S = 0.05
-AUTO_MODEL = "resnet50"  # auto's reference model for points without a model (allreduce microbenchmark)
-AUTO_WARMUP, AUTO_ITERS = 1, 3  # backward passes timed by auto: median of AUTO_ITERS after AUTO_WARMUP
-
-_UNITS_MBIT = {"kbit": 1e-3, "mbit": 1.0, "gbit": 1e3, "tbit": 1e6}
-_RATE = re.compile(r"^\s*(\d+(?:\.\d*)?|\.\d+)\s*(kbit|mbit|gbit|tbit)\s*$", re.IGNORECASE)
-NET_HELP = "'loopback', 'auto', or a rate per rank like '500mbit', '1gbit', '10gbit' (kbit, mbit, gbit, tbit)"
-
 
 class NetemUnavailable(ValueError):
     """This machine cannot emulate a network: a tool is missing or namespaces/tc are refused."""
-
-
-def parse_rate(text: str) -> float:
-    """``'1.5gbit'`` -> 1500.0 (Mbit/s). tc's ``bps`` units mean *bytes*/s, so they are refused, not guessed."""
-    m = _RATE.match(str(text))
-    if not m or float(m.group(1)) <= 0:
-        raise ValueError(f"unknown net {text!r}; choose {NET_HELP}")
-    return float(m.group(1)) * _UNITS_MBIT[m.group(2).lower()]
-
-
-def check_net(net: str) -> None:
-    """Raise ValueError unless ``net`` is loopback, auto or a positive rate."""
-    if net not in ("loopback", "auto"):
-        parse_rate(net)
 
 
 # --------------------------------------------------------------------------- availability
@@ -132,79 +113,6 @@ def _tbf_args(lo_rate_mbit: float) -> str:
     burst = max(BURST_MIN_BYTES, int(bytes_per_s * BURST_S))
     limit = max(LIMIT_MIN_BYTES, int(bytes_per_s * LIMIT_S))
     return f"tbf rate {max(1, round(lo_rate_mbit * 1000))}kbit burst {burst} limit {limit}"
-
-
-# --------------------------------------------------------------------------- auto
-
-_backward_cache: dict[tuple, dict] = {}  # (model, profile, batch, threads, ranks) -> {backward_ms, grad_bytes}
-
-
-def _time_backward(ctx, model_name: str, profile: str, batch_size: int) -> dict:
-    """One rank's backward times of ``model_name`` without DDP, and its gradient bytes (a launch fn)."""
-    import time
-
-    import torch
-
-    from harness.models import build_model, compute_loss, input_spec, make_inputs
-
-    torch.manual_seed(0)
-    model = build_model(model_name).to(ctx.device)
-    inputs = make_inputs(model_name, input_spec(model_name, profile, batch_size), ctx.device)
-    times = []
-    for it in range(AUTO_WARMUP + AUTO_ITERS):
-        loss = compute_loss(model_name, model, inputs)
-        ctx.synchronize()
-        t0 = time.perf_counter()
-        loss.backward()
-        ctx.synchronize()
-        times.append((time.perf_counter() - t0) * 1e3)
-        model.zero_grad(set_to_none=True)
-    grad_bytes = sum(p.numel() * p.element_size() for p in model.parameters() if p.requires_grad)
-    return {"times_ms": times[AUTO_WARMUP:], "grad_bytes": grad_bytes}
-
-
-def measure_backward(model: str, profile: str, batch_size: int, threads: int, ranks: int) -> dict:
-    """``{backward_ms, grad_bytes}``: median backward of ``model`` over ``ranks`` spawned ranks computing at
-    once (no DDP, no communication) with ``threads`` threads each, so the cores are shared as in the run."""
-    key = (model, profile, batch_size, threads, ranks)
-    if key not in _backward_cache:
-        from harness.launch import launch
-
-        per_rank = launch(_time_backward, ranks, "gloo", args=(model, profile, batch_size), threads=threads,
-                          timeout_s=600)
-        times = sorted(t for r in per_rank for t in r["times_ms"])
-        _backward_cache[key] = {"backward_ms": times[len(times) // 2], "grad_bytes": per_rank[0]["grad_bytes"]}
-    return _backward_cache[key]
-
-
-def auto_rate(cfg) -> tuple[float, float]:
-    """``(rate_mbit, backward_ms)`` for a resolved point with ``net='auto'``.
-
-    rate = bus bytes / backward time, bus bytes = 2(n-1)/n x gradient bytes, so the ring allreduce of the
-    whole gradient at busbw = rate takes one backward. The backward is timed without DDP on as many ranks
-    as the point runs on this machine, all computing at once with the point's threads per rank, because ranks
-    that share cores and memory bandwidth compute more slowly than one rank alone (on a loaded 2-core machine,
-    2 ranks took about twice as long). Points without a ``model`` (allreduce microbenchmark) use ResNet50
-    (``AUTO_MODEL``): Figure 2's ResNet50-sized allreduce then also takes about one backward.
-    """
-    from harness.config import ranks_on_this_node
-    from harness.launch import threads_per_rank
-
-    model = getattr(cfg, "model", AUTO_MODEL)
-    ranks = ranks_on_this_node(cfg.world_size)
-    threads = threads_per_rank(ranks, cfg.threads_per_rank)
-    m = measure_backward(model, cfg.profile, getattr(cfg, "batch_size", 0), threads, ranks)
-    bus_bytes = 2 * (cfg.world_size - 1) / cfg.world_size * m["grad_bytes"]
-    return bus_bytes * 8 / 1e6 / (m["backward_ms"] / 1e3), m["backward_ms"]
-
-
-def point_rate(cfg) -> tuple[float | None, float]:
-    """``(rate_mbit or None for loopback, auto's backward_ms or NaN)`` for a resolved point config."""
-    if cfg.net == "loopback":
-        return None, math.nan
-    if cfg.net == "auto":
-        return auto_rate(cfg)
-    return parse_rate(cfg.net), math.nan
 
 
 # --------------------------------------------------------------------------- JSON for the helper
@@ -259,8 +167,6 @@ def _plain(value):
 def launch_in_namespace(fn, world_size: int, backend: str, args, timeout_s: float, threads: int,
                         deadline_s: float | None, rate_mbit: float) -> list:
     """Spawned launch inside a fresh namespace whose lo gives every rank ``rate_mbit``; results by rank."""
-    from harness.launch import LaunchError
-
     require()
     if fn.__module__ == "__main__":
         raise TypeError(f"network emulation imports fn by name; move {fn.__qualname__} out of the __main__ script")
@@ -344,8 +250,6 @@ def _helper(request_path: str, result_path: str) -> int:
     os.environ["GLOO_SOCKET_IFNAME"] = "lo"  # the only interface here; skips Gloo's hostname lookup
     if os.environ.pop("_DDP_NETEM_UNSET_LOG_LEVEL", None):  # torch is imported: the ranks log as usual
         os.environ.pop("TORCH_CPP_LOG_LEVEL", None)
-    from harness.launch import LaunchError, launch
-
     try:
         results = launch(_import(req["fn"]), req["world_size"], req["backend"], args=_decode(req["args"]),
                          timeout_s=req["timeout_s"], threads=req["threads"], deadline_s=req["deadline_s"])

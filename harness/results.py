@@ -41,12 +41,13 @@ SCHEMA: dict[str, str] = {
     "experiment": "string", "point_id": "string", "point_type": "string",
     "rank": "Int64", "iteration": "Int64",
     **_config_columns(),
-    # network emulation (harness.netem): the rate applied for the point's `net`
-    "net_rate_mbit": "float64", "net_auto_backward_ms": "float64",
+    # network emulation (harness.netem, harness.autorate): the rate applied for the point's `net`
+    "net_rate_mbit": "float64", "net_auto_backward_ms": "float64", "net_auto_loopback": "boolean",
     # training iteration (harness.runner)
     "synced": "boolean", "loss": "float64",
     "forward_ms": "float64", "backward_ms": "float64", "backward_compute_ms": "float64",
     "backward_comm_exposed_ms": "float64", "optimizer_ms": "float64", "total_ms": "float64",
+    "cpu_ms": "float64", "sys_ms": "float64", "minor_faults": "Int64",
     "ddp_forward_compute_ms": "float64", "ddp_backward_compute_ms": "float64",
     "ddp_backward_comm_ms": "float64", "ddp_overlap_ms": "float64",
     "breakdown_source": "string", "bucket_times_json": "string",
@@ -59,7 +60,8 @@ SCHEMA: dict[str, str] = {
     "train_size": "Int64", "test_size": "Int64",
     # run metadata
     "torch_version": "string", "hostname": "string", "device_name": "string", "num_threads": "Int64",
-    "git_commit": "string", "started_at": "string", "point_seconds": "float64", "error": "string",
+    "git_commit": "string", "started_at": "string", "point_seconds": "float64", "order_seed": "Int64",
+    "run_position": "Int64", "error": "string",
 }
 
 ALWAYS = ("experiment", "point_id", "point_type", "rank", "iteration", "error")
@@ -121,11 +123,19 @@ def _apply_dtypes(df: pd.DataFrame) -> pd.DataFrame:
 
 
 def write_point(experiment: str, point_id: str, rows: Sequence[dict], root=None) -> Path:
-    """Store one point's rows atomically (temp file + fsync + os.replace); returns the file's path."""
+    """Store one point's rows atomically (:func:`write_csv_atomic`); returns the file's path."""
     if not rows:
         raise ValueError(f"point {point_id} has no rows to store")
     df = to_frame([{**row, "experiment": experiment, "point_id": point_id} for row in rows])
     path = point_path(experiment, point_id, root)
+    write_csv_atomic(df, path)
+    return path
+
+
+def write_csv_atomic(df: pd.DataFrame, path: Path) -> None:
+    """Write ``df`` to ``path`` so that readers (and a sweep killed mid-write) see the old file or the whole new
+    one, never a part: a ``.tmp-`` file in the same folder, fsync, then ``os.replace``."""
+    path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=TMP_PREFIX, suffix=".csv")
     try:
@@ -138,7 +148,6 @@ def write_point(experiment: str, point_id: str, rows: Sequence[dict], root=None)
     except BaseException:
         Path(tmp).unlink(missing_ok=True)
         raise
-    return path
 
 
 def read_point_file(path: Path) -> pd.DataFrame:

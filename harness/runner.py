@@ -1,8 +1,9 @@
 """Time training iterations on one rank: ours, torch's DDP, or no DDP, all by the same loop.
 
-Every iteration is bracketed by host clocks (with ``torch.cuda.synchronize`` on GPU): forward (incl. loss),
-backward, optimizer step (incl. zero_grad). The split of backward into compute and exposed communication
-comes from the DDP implementation's own instrumentation:
+Every iteration (:func:`timed_iteration`; ``make bench`` times its variants with it too) is bracketed by host
+clocks (with ``torch.cuda.synchronize`` on GPU): forward (incl. loss), backward, optimizer step (incl.
+zero_grad), plus the rank's CPU time and page faults from ``getrusage``. The split of backward into compute
+and exposed communication comes from the DDP implementation's own instrumentation:
 
 * ``ours``: ``ddp.last_timing.as_dict()`` (plus per-bucket launch/finish timestamps).
 * ``torch``: torch's DDP logger. With ``_set_ddp_runtime_logging_sample_rate(1)`` torch samples every
@@ -24,8 +25,11 @@ import contextlib
 import datetime
 import json
 import math
+import os
+import resource
 import socket
 import time
+from pathlib import Path
 
 import torch
 
@@ -36,37 +40,70 @@ from harness.models import build_model, compute_loss, input_spec, make_inputs
 NS_PER_MS = 1e6
 
 
-def _comm_hook(name: str):
-    """torch's own hook for a COMM_HOOKS name; both DDPs take it through ``register_comm_hook``."""
-    from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
-
-    return getattr(default_hooks, f"{name}_hook")
-
-
-def wrap_model(model: torch.nn.Module, cfg: TrainConfig, ctx: RankContext):
-    """Wrap ``model`` as ``cfg.impl`` says; returns the module to train."""
-    if cfg.impl == "local":
+def wrap(model: torch.nn.Module, impl: str, ctx: RankContext, bucket_cap_mb: float, *,
+         gradient_as_bucket_view: bool = False, overlap: bool = True, round_robin_groups: int = 1,
+         comm_hook: str = "") -> torch.nn.Module:
+    """``model`` in torch's DDP (``impl="torch"``), ours (``"ours"``) or as is (``"local"``), on the rank's
+    group: one construction for the sweeps and the bench, so both measure the same DDPs. ``overlap`` and
+    ``round_robin_groups`` apply to ours only (torch's DDP always overlaps)."""
+    if impl == "local":
         return model
-    if cfg.impl == "torch":
+    if impl == "torch":
         ddp = torch.nn.parallel.DistributedDataParallel(
             model, device_ids=[ctx.device.index] if ctx.device.type == "cuda" else None,
-            process_group=ctx.group, bucket_cap_mb=cfg.bucket_cap_mb,
-            gradient_as_bucket_view=cfg.gradient_as_bucket_view,
-        )
-        ddp._set_ddp_runtime_logging_sample_rate(1)
+            process_group=ctx.group, bucket_cap_mb=bucket_cap_mb, gradient_as_bucket_view=gradient_as_bucket_view)
     else:
         from ddp_impl import DistributedDataParallel, RoundRobinProcessGroup
 
         group = ctx.group
-        if cfg.round_robin_groups > 1:
-            group = RoundRobinProcessGroup.new(cfg.round_robin_groups,
-                                               timeout=datetime.timedelta(seconds=ctx.timeout_s))
-        ddp = DistributedDataParallel(
-            model, process_group=group, bucket_cap_mb=cfg.bucket_cap_mb, overlap=cfg.overlap,
-            gradient_as_bucket_view=cfg.gradient_as_bucket_view)
-    if cfg.comm_hook:  # ours resolves a round-robin group given as state to each bucket's group
-        ddp.register_comm_hook(ddp.process_group, _comm_hook(cfg.comm_hook))
+        if round_robin_groups > 1:
+            group = RoundRobinProcessGroup.new(round_robin_groups, timeout=datetime.timedelta(seconds=ctx.timeout_s))
+        ddp = DistributedDataParallel(model, process_group=group, bucket_cap_mb=bucket_cap_mb, overlap=overlap,
+                                      gradient_as_bucket_view=gradient_as_bucket_view)
+    if comm_hook:  # torch's own hook by ddp_impl's short name; ours maps a round-robin group to each bucket's
+        from ddp_impl.comm_hooks import resolve
+
+        ddp.register_comm_hook(ddp.process_group, resolve(comm_hook))
     return ddp
+
+
+def wrap_model(model: torch.nn.Module, cfg: TrainConfig, ctx: RankContext) -> torch.nn.Module:
+    """:func:`wrap` as ``cfg`` says, with torch's DDP logging every iteration: the runner reads its backward
+    breakdown from that logger. Only here: sampling every iteration costs torch's DDP time the bench would
+    count against it."""
+    ddp = wrap(model, cfg.impl, ctx, cfg.bucket_cap_mb, gradient_as_bucket_view=cfg.gradient_as_bucket_view,
+               overlap=cfg.overlap, round_robin_groups=cfg.round_robin_groups, comm_hook=cfg.comm_hook)
+    if cfg.impl == "torch":
+        ddp._set_ddp_runtime_logging_sample_rate(1)
+    return ddp
+
+
+def timed_iteration(model_name: str, model, optimizer, inputs, ctx: RankContext, *, no_sync: bool = False,
+                    step: bool = True) -> tuple[dict, torch.Tensor]:
+    """One training iteration timed by phase: forward (incl. loss), backward, optimizer (step + zero_grad),
+    each boundary after ``ctx.synchronize()``. ``no_sync``: forward and backward inside ``model.no_sync()``;
+    ``step=False``: no optimizer step (gradient accumulation). Returns the times (ms) with the rank's CPU time
+    over all its threads (compute + communication; unlike wall time it barely moves when other processes
+    share the cores), its kernel part and the minor page faults, and the loss."""
+    ctx.synchronize()
+    r0 = resource.getrusage(resource.RUSAGE_SELF)
+    t0 = time.perf_counter()
+    with model.no_sync() if no_sync else contextlib.nullcontext():
+        loss = compute_loss(model_name, model, inputs)
+        ctx.synchronize()
+        t1 = time.perf_counter()
+        loss.backward()
+        ctx.synchronize()
+        t2 = time.perf_counter()
+    if step:
+        optimizer.step()
+        optimizer.zero_grad(set_to_none=False)
+    ctx.synchronize()
+    t3 = time.perf_counter()
+    r1 = resource.getrusage(resource.RUSAGE_SELF)
+    return dict(forward_ms=(t1 - t0) * 1e3, backward_ms=(t2 - t1) * 1e3, optimizer_ms=(t3 - t2) * 1e3,
+                total_ms=(t3 - t0) * 1e3, cpu_ms=(r1.ru_utime + r1.ru_stime - r0.ru_utime - r0.ru_stime) * 1e3,
+                sys_ms=(r1.ru_stime - r0.ru_stime) * 1e3, minor_faults=r1.ru_minflt - r0.ru_minflt), loss
 
 
 class _Breakdown:
@@ -125,11 +162,23 @@ class _Breakdown:
         return out
 
 
+def machine_metadata() -> dict:
+    """The machine a measurement ran on: host, CPU model, cores, first GPU ('' without), torch version. The
+    bench records all of it (plus ``results.git_commit``); every row its host and torch (:func:`rank_metadata`)."""
+    cpuinfo = Path("/proc/cpuinfo")
+    cpu = next((line.split(":", 1)[1].strip() for line in cpuinfo.read_text().splitlines()
+                if line.startswith("model name")), "") if cpuinfo.exists() else ""
+    gpu = torch.cuda.get_device_name(0) if torch.cuda.is_available() else ""
+    return dict(hostname=socket.gethostname(), cpu=cpu, cores=os.cpu_count(), gpu=gpu,
+                torch_version=torch.__version__)
+
+
 def rank_metadata(ctx: RankContext) -> dict:
     """Run metadata recorded by every rank (the sweep adds git commit and time)."""
+    host = machine_metadata()
     device_name = torch.cuda.get_device_name(ctx.device) if ctx.device.type == "cuda" else "cpu"
-    return dict(rank=ctx.rank, hostname=socket.gethostname(), device_name=device_name,
-                num_threads=ctx.num_threads, torch_version=torch.__version__)
+    return dict(rank=ctx.rank, hostname=host["hostname"], device_name=device_name, num_threads=ctx.num_threads,
+                torch_version=host["torch_version"])
 
 
 def run_training_point(ctx: RankContext, cfg: TrainConfig) -> list[dict]:
@@ -148,28 +197,10 @@ def run_training_point(ctx: RankContext, cfg: TrainConfig) -> list[dict]:
     rows = []
     for it in range(cfg.warmup + cfg.iters):
         synced = (it + 1) % cfg.sync_every == 0
-        skip_sync = cfg.impl != "local" and not synced
-        ctx.synchronize()
-        t0 = time.perf_counter()
-        with model.no_sync() if skip_sync else contextlib.nullcontext():
-            loss = compute_loss(cfg.model, model, inputs)
-            ctx.synchronize()
-            t1 = time.perf_counter()
-            loss.backward()
-            ctx.synchronize()
-            t2 = time.perf_counter()
-        if synced:
-            optimizer.step()
-            optimizer.zero_grad(set_to_none=False)
-        ctx.synchronize()
-        t3 = time.perf_counter()
-        backward_ms = (t2 - t1) * 1e3
-        split = breakdown.read(synced, backward_ms)
-        if it < cfg.warmup:
-            continue
-        rows.append(dict(
-            meta, iteration=it - cfg.warmup, synced=synced, loss=float(loss.detach()),
-            forward_ms=(t1 - t0) * 1e3, backward_ms=backward_ms, optimizer_ms=(t3 - t2) * 1e3,
-            total_ms=(t3 - t0) * 1e3, **split,
-        ))
+        times, loss = timed_iteration(cfg.model, model, optimizer, inputs, ctx,
+                                      no_sync=cfg.impl != "local" and not synced, step=synced)
+        split = breakdown.read(synced, times["backward_ms"])
+        if it >= cfg.warmup:
+            rows.append(dict(meta, iteration=it - cfg.warmup, synced=synced, loss=float(loss.detach()), **times,
+                             **split))
     return rows

@@ -5,6 +5,10 @@
     df = run_sweep("fig7", points)          # rerun after a kill: stored points are skipped
     run_sweep("fig7", points, dry_run=True)  # list the points and whether each is stored
 
+Repetitions of a point (``repeat=0, 1, ...``) are separate stored points; the sweep runs one pass per
+repetition, each pass in a seeded shuffle (:func:`schedule`), so drift of the machine's speed spreads over all
+points instead of reading as an effect between neighbours.
+
 All points are validated before the first launch, so a bad value fails the sweep before anything runs. A
 point that raises, crashes or times out is stored as one row with ``error`` set; rerun with
 ``retry_errors=True`` to try those again. Under torchrun (RANK set) the same call runs each point in place:
@@ -16,6 +20,7 @@ from __future__ import annotations
 import datetime
 import math
 import os
+import random
 import sys
 import time
 import traceback
@@ -24,29 +29,41 @@ from typing import Sequence
 import pandas as pd
 from tqdm import tqdm
 
-from harness import netem, results
-from harness.config import (AllreduceConfig, ConvergenceConfig, PointConfig, TrainConfig, config_columns, point_id,
-                            validate)
+from harness import autorate, netem, results
+from harness.collectives import run_allreduce_point
+from harness.config import (AllreduceConfig, ConvergenceConfig, PointConfig, TrainConfig, auto_net_is_loopback,
+                            config_columns, point_id, validate)
+from harness.convergence import run_convergence_point
 from harness.env import in_place, is_writer
 from harness.launch import init_in_place, launch, refuse_in_bootstrapping_child
+from harness.preflight import preflight
+from harness.runner import run_training_point
 
 MAX_ERROR_CHARS = 8000
 
 
 def run_point(cfg: PointConfig, deadline_s: float | None = None) -> list[dict]:
-    """Launch one validated point's ranks and return their rows (config columns included), all ranks."""
+    """Validate one point, check the machine for it, launch its ranks and return their rows (all ranks)."""
     cfg = validate(cfg)
-    if isinstance(cfg, TrainConfig):
-        from harness.runner import run_training_point as fn
-    elif isinstance(cfg, ConvergenceConfig):
-        from harness.convergence import run_convergence_point as fn
+    preflight([cfg])
+    return _measure(cfg, deadline_s)
+
+
+def _measure(cfg: PointConfig, deadline_s: float | None) -> list[dict]:
+    """Launch a validated point's ranks (behind an emulated link where its ``net`` asks) and return their rows
+    with the config columns and the network that was used."""
+    fn = {TrainConfig: run_training_point, ConvergenceConfig: run_convergence_point,
+          AllreduceConfig: run_allreduce_point}[type(cfg)]
+    rate_mbit, auto_backward_ms = autorate.point_rate(cfg)  # None = plain loopback; auto is measured (cached)
+    how = dict(timeout_s=cfg.timeout_s, threads=cfg.threads_per_rank, deadline_s=deadline_s)
+    if rate_mbit is None:
+        per_rank = launch(fn, cfg.world_size, cfg.backend, args=(cfg,), **how)
     else:
-        from harness.collectives import run_allreduce_point as fn
-    rate_mbit, auto_backward_ms = netem.point_rate(cfg)  # None = plain loopback; auto is measured (cached)
-    per_rank = launch(fn, cfg.world_size, cfg.backend, args=(cfg,), timeout_s=cfg.timeout_s,
-                      threads=cfg.threads_per_rank, deadline_s=deadline_s, net_rate_mbit=rate_mbit)
+        per_rank = netem.launch_in_namespace(fn, cfg.world_size, cfg.backend, (cfg,), rate_mbit=rate_mbit, **how)
     config = {**config_columns(cfg), "net_rate_mbit": math.nan if rate_mbit is None else rate_mbit,
-              "net_auto_backward_ms": auto_backward_ms}
+              "net_auto_backward_ms": auto_backward_ms,
+              "net_auto_loopback": auto_net_is_loopback(type(cfg).__name__, cfg.backend, cfg.world_size,
+                                                        getattr(cfg, "impl", ""))}
     return [{**config, **row} for rows in per_rank for row in rows]
 
 
@@ -74,18 +91,32 @@ def _agree_on_pending(pending: set[str], backend: str, timeout_s: float) -> set[
     return set(box[0])
 
 
+def schedule(points: dict[str, PointConfig], seed: int) -> dict[str, PointConfig]:
+    """Run order: one pass per repetition (``repeat``), each pass in its own seeded shuffle, so a slow period
+    of the machine hits every point of the sweep alike instead of a few neighbours, and a rerun (or a resume)
+    keeps the order. Returns the points in that order."""
+    passes: dict[int, list[str]] = {}
+    for pid, cfg in points.items():
+        passes.setdefault(getattr(cfg, "repeat", 0), []).append(pid)
+    order = []
+    for repeat, ids in sorted(passes.items()):
+        random.Random(f"{seed}/{repeat}").shuffle(ids)
+        order += ids
+    return {pid: points[pid] for pid in order}
+
+
 def run_sweep(experiment: str, points: Sequence[PointConfig], *, root: str | os.PathLike | None = None,
               dry_run: bool = False, retry_errors: bool = False, progress: bool = True,
-              deadline_s: float | None = None) -> pd.DataFrame:
-    """Run every point of ``experiment`` not yet stored; return all stored rows of the experiment.
+              deadline_s: float | None = None, order_seed: int = 0) -> pd.DataFrame:
+    """Run every point of ``experiment`` not yet stored, in :func:`schedule`'s order; return all stored rows.
 
     ``dry_run`` returns (and prints) one row per point: point_id, stored or pending, and its config.
     ``deadline_s`` bounds each spawned point's wall-clock time. ``root`` overrides the results folder.
+    ``order_seed`` seeds the shuffle of each pass (stored with the rows, as is each point's ``run_position``).
     """
     refuse_in_bootstrapping_child()
     resolved = [validate(p) for p in points]  # every bad value raises here, before any launch
-    ids = [point_id(p) for p in resolved]
-    unique = dict(zip(ids, resolved))  # duplicates run once
+    unique = schedule({point_id(p): p for p in resolved}, order_seed)  # duplicates run once
     if in_place():
         world = int(os.environ["WORLD_SIZE"])
         skipped = [pid for pid, p in unique.items() if p.world_size != world]
@@ -93,6 +124,8 @@ def run_sweep(experiment: str, points: Sequence[PointConfig], *, root: str | os.
             print(f"[{experiment}] skipping {len(skipped)} point(s) whose world_size != WORLD_SIZE={world}")
         unique = {pid: p for pid, p in unique.items() if pid not in skipped}
     pending = _pending(experiment, list(unique), root, retry_errors)
+    if not dry_run:
+        preflight(unique[pid] for pid in pending)  # the machine, once: GPUs, namespaces, data on disk
     if dry_run:
         plan = pd.DataFrame([{"point_id": pid, "status": "pending" if pid in pending else "stored",
                               **config_columns(p)} for pid, p in unique.items()])
@@ -109,20 +142,21 @@ def run_sweep(experiment: str, points: Sequence[PointConfig], *, root: str | os.
                file=sys.stderr, dynamic_ncols=True)
     with bar:
         bar.update(len(unique) - len(pending))
-        for pid, cfg in unique.items():
+        for position, (pid, cfg) in enumerate(unique.items()):
             if pid not in pending:
                 continue
             bar.set_postfix_str(_describe(cfg), refresh=True)
             started = datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")
             t0 = time.monotonic()
             try:
-                rows = run_point(cfg, deadline_s=deadline_s)
+                rows = _measure(cfg, deadline_s)
             except Exception as exc:  # noqa: BLE001 - the sweep goes on; the error is stored
                 rows = [_error_row(cfg, exc)]
                 if writer:
                     tqdm.write(f"[{experiment}] point {pid} failed: {str(exc).splitlines()[0][:200]}",
                                file=sys.stderr)
-            meta = {"git_commit": commit, "started_at": started, "point_seconds": time.monotonic() - t0}
+            meta = {"git_commit": commit, "started_at": started, "point_seconds": time.monotonic() - t0,
+                    "order_seed": order_seed, "run_position": position}
             if writer:
                 results.write_point(experiment, pid, [{**meta, **row} for row in rows], root)
             bar.update(1)

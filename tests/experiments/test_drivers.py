@@ -12,7 +12,7 @@ from harness import load_results, point_id
 TINY = {
     "fig2": ["--params_per_call=50000,200000", "--total_params=200000", "--compute_model=small"],
     "fig6": ["--models=small"],
-    "fig7": ["--models=small", "--bucket_caps_mb=0,25"],
+    "fig7": ["--models=small", "--bucket_caps_mb=0,25", "--repeats=2"],
     "fig8": ["--models=small", "--bucket_caps_mb=0,25", "--world_size=3"],
     "fig9": ["--models=small", "--world_sizes=1,2"],
     "fig10": ["--models=small", "--world_sizes=2", "--sync_every=1,2", "--iters=2"],
@@ -20,7 +20,7 @@ TINY = {
     "fig12": ["--models=small", "--groups=1,3"],
 }
 REPO = Path(__file__).resolve().parents[2]
-COMMON = ["--iters=2", "--warmup=1", "--profile=cpu"]
+COMMON = ["--iters=2", "--warmup=1", "--profile=cpu", "--repeats=1"]
 
 
 @pytest.fixture(scope="module")
@@ -50,12 +50,23 @@ def test_driver_end_to_end(name, results_dir, monkeypatch):
         assert im.size[0] > 400 and len(im.convert("L").getcolors(maxcolors=1 << 16) or []) > 20  # drawn, not blank
 
 
+def test_repetitions_run_in_seeded_interleaved_passes(results_dir):
+    df = load_results("fig7", results_dir)
+    first = df.drop_duplicates("point_id").sort_values("run_position")
+    assert list(first["repeat"]) == [0, 0, 1, 1]  # one pass per repetition
+    assert set(first["order_seed"]) == {0} and list(first["run_position"]) == [0, 1, 2, 3]
+    caps = [list(first.loc[first["repeat"] == r, "bucket_cap_mb"]) for r in (0, 1)]
+    assert sorted(caps[0]) == sorted(caps[1]) == [0, 25]
+    summary = drivers()["fig7"].summarize(df, stored_config(drivers()["fig7"], results_dir))
+    assert "[" in summary and "not worse beyond the noise" in summary  # an interval from 2 repetitions
+
+
 def test_plots_redraws_from_stored_csvs_without_running(results_dir, monkeypatch):
     monkeypatch.setenv("DDP_REPRO_RESULTS", str(results_dir))
     assert main(["fig7", *TINY["fig7"], *COMMON]) == 0  # stored already when the tests above ran
     png = results_dir / "figures" / "fig7.png"
     png.unlink()
-    monkeypatch.setattr("harness.sweep.run_point", lambda *a, **k: pytest.fail("plots must not run points"))
+    monkeypatch.setattr("harness.sweep._measure", lambda *a, **k: pytest.fail("plots must not run points"))
     assert main(["plots", "fig7"]) == 0
     assert png.exists()
 
@@ -72,3 +83,12 @@ def test_notebook_executes_against_stored_results(results_dir, monkeypatch):
     assert "drawn: [" in printed and "'fig7'" in printed
     images = [o for c in nb.cells for o in c.get("outputs", []) if "image/png" in o.get("data", {})]
     assert len(images) >= 1
+
+
+def test_claims_chart_gathers_every_driver(results_dir, monkeypatch, capsys):
+    monkeypatch.setenv("DDP_REPRO_RESULTS", str(results_dir))
+    assert main(["claims"]) == 0
+    out = capsys.readouterr().out
+    for figure in ("fig6", "fig7", "fig8", "fig10", "fig12"):  # the drivers with numbers, run above
+        assert figure in out
+    assert (results_dir / "figures" / "claims.png").stat().st_size > 0

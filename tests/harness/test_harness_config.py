@@ -5,6 +5,7 @@ import pytest
 
 import harness.config as config
 import harness.sweep as sweep
+from harness import env
 from harness.config import AllreduceConfig, TrainConfig, parse_dataclass, point_id, validate
 
 
@@ -21,7 +22,7 @@ def no_launch(monkeypatch):
     (TrainConfig(profile="tpu"), "profile 'tpu'"),
     (TrainConfig(impl="horovod"), "impl 'horovod'"),
     (TrainConfig(iters=0), "iters must be positive, got 0"),
-    (TrainConfig(warmup=-1), "warmup must be non-negative, got -1"),
+    (TrainConfig(warmup=-1), "warmup must be >= 0, got -1"),
     (TrainConfig(bucket_cap_mb=-1.0), "bucket_cap_mb must be >= 0, got -1.0"),
     (TrainConfig(sync_every=0), "sync_every must be positive, got 0"),
     (TrainConfig(world_size=0), "world_size must be positive, got 0"),
@@ -41,7 +42,7 @@ def test_bad_values_raise_before_anything_is_launched(no_launch, tmp_path, cfg, 
 
 
 def test_nccl_without_cuda_is_refused(no_launch, monkeypatch, tmp_path):
-    monkeypatch.setattr(config, "cuda_available", lambda: False)
+    monkeypatch.setattr(env, "cuda_available", lambda: False)
     with pytest.raises(ValueError, match="backend='nccl' needs CUDA"):
         sweep.run_sweep("bad", [TrainConfig(backend="nccl")], root=tmp_path)
 
@@ -49,7 +50,7 @@ def test_nccl_without_cuda_is_refused(no_launch, monkeypatch, tmp_path):
 def test_more_nccl_ranks_than_gpus_is_refused(no_launch, monkeypatch, tmp_path):
     import torch
 
-    monkeypatch.setattr(config, "cuda_available", lambda: True)
+    monkeypatch.setattr(env, "cuda_available", lambda: True)
     monkeypatch.setattr(torch.cuda, "device_count", lambda: 2)
     with pytest.raises(ValueError, match="world_size=3 .* only 2 GPU"):
         sweep.run_sweep("bad", [AllreduceConfig(backend="nccl", world_size=3, total_params=10,
@@ -57,19 +58,19 @@ def test_more_nccl_ranks_than_gpus_is_refused(no_launch, monkeypatch, tmp_path):
 
 
 def test_auto_profile_and_backend_follow_the_hardware(monkeypatch):
-    monkeypatch.setattr(config, "cuda_available", lambda: False)
+    monkeypatch.setattr(env, "cuda_available", lambda: False)
     cpu = validate(TrainConfig())
     assert (cpu.profile, cpu.backend) == ("cpu", "gloo")
     assert validate(AllreduceConfig()).total_params == config.DEFAULT_TOTAL_PARAMS["cpu"]
     assert point_id(TrainConfig()) == point_id(TrainConfig(profile="cpu", backend="gloo"))
-    monkeypatch.setattr(config, "cuda_available", lambda: True)
+    monkeypatch.setattr(env, "cuda_available", lambda: True)
     gpu = config.resolve(TrainConfig())
     assert (gpu.profile, gpu.backend) == ("paper", "nccl")
     assert config.resolve(AllreduceConfig()).total_params == 60_000_000
 
 
 def test_point_id_is_stable_and_sensitive_to_identity_fields(monkeypatch):
-    monkeypatch.setattr(config, "cuda_available", lambda: False)
+    monkeypatch.setattr(env, "cuda_available", lambda: False)
     base = TrainConfig(model="resnet50", bucket_cap_mb=25.0)
     assert point_id(base) == point_id(TrainConfig(model="resnet50", bucket_cap_mb=25.0))
     assert len(point_id(base)) == 12

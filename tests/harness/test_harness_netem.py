@@ -3,13 +3,15 @@ refused namespaces give a clear error, ``auto`` picks and records a rate."""
 import math
 import statistics
 import subprocess
-import sys
 
 import pytest
 
-from harness import AllreduceConfig, LaunchError, TrainConfig, config, netem, run_point, run_sweep, validate
+from harness import (AllreduceConfig, LaunchError, TrainConfig, autorate, config, env, netem, run_point, run_sweep,
+                     validate)
 from harness.collectives import bus_factor
 from harness.launch import available_cores
+from harness.preflight import preflight
+from harness.rate import parse_rate
 
 
 def _emulation_works() -> str:
@@ -39,7 +41,7 @@ def test_allreduce_busbw_matches_the_configured_rate(net):
     cfg = AllreduceConfig(backend="gloo", profile="cpu", world_size=2, total_params=2_000_000,
                           params_per_call=2_000_000, iters=5, warmup=2, threads_per_rank=1, net=net, timeout_s=60)
     rows = run_point(cfg)
-    rate = netem.parse_rate(net)
+    rate = parse_rate(net)
     busbw_mbit = statistics.median(r["busbw_gbps"] * 8000 for r in rows)  # GB/s -> Mbit/s
     assert abs(busbw_mbit / rate - 1) < 0.15, (busbw_mbit, rate)
     assert {r["net"] for r in rows} == {net} and {r["net_rate_mbit"] for r in rows} == {rate}
@@ -57,15 +59,14 @@ def test_a_failing_rank_inside_the_namespace_fails_the_launch():
 @needs_netem
 def test_auto_measures_records_and_caches_a_rate(monkeypatch):
     launches = []
-    launch_module = sys.modules["harness.launch"]
-    real_launch = launch_module.launch
+    real_launch = autorate.launch
 
     def counting_launch(fn, *args, **kwargs):
         launches.append(fn.__name__)
         return real_launch(fn, *args, **kwargs)
 
-    monkeypatch.setattr(launch_module, "launch", counting_launch)  # what netem.measure_backward calls
-    netem._backward_cache.clear()
+    monkeypatch.setattr(autorate, "launch", counting_launch)  # what autorate.measure_backward calls
+    autorate._backward_cache.clear()
     cfg = TrainConfig(model="small", profile="cpu", backend="gloo", world_size=2, iters=2, warmup=1,
                       threads_per_rank=1, net="auto", timeout_s=60)
     rows = run_point(cfg)
@@ -79,7 +80,7 @@ def test_auto_measures_records_and_caches_a_rate(monkeypatch):
     assert rate == pytest.approx(bus_bits / 1e6 / (backward_ms / 1e3))  # one allreduce takes one backward
     other = validate(TrainConfig(model="small", profile="cpu", backend="gloo", world_size=2, bucket_cap_mb=1,
                                  threads_per_rank=1, net="auto"))
-    assert netem.point_rate(other) == (rate, backward_ms) and launches == ["_time_backward"]  # cached
+    assert autorate.point_rate(other) == (rate, backward_ms) and launches == ["_time_backward"]  # cached
 
 
 def test_auto_rate_formula_and_reference_model(monkeypatch):
@@ -89,36 +90,37 @@ def test_auto_rate_formula_and_reference_model(monkeypatch):
         asked.append((model, profile, batch_size, threads, ranks))
         return {"backward_ms": 100.0, "grad_bytes": 100_000_000}
 
-    monkeypatch.setattr(netem, "measure_backward", fake)
-    monkeypatch.setattr(config, "cuda_available", lambda: False)
+    monkeypatch.setattr(autorate, "measure_backward", fake)
+    monkeypatch.setattr(env, "cuda_available", lambda: False)
     monkeypatch.setattr(netem, "require", lambda: None)
-    rate, backward_ms = netem.point_rate(validate(AllreduceConfig(world_size=3, threads_per_rank=1, net="auto")))
+    rate, backward_ms = autorate.point_rate(validate(AllreduceConfig(world_size=3, threads_per_rank=1, net="auto")))
     assert backward_ms == 100.0 and rate == pytest.approx(4 / 3 * 8e8 / 1e6 / 0.1)  # 2(n-1)/n x 800 Mbit / 0.1 s
     assert asked == [("resnet50", "cpu", 0, 1, 3)]  # allreduce points use ResNet50's backward, on 3 ranks
-    netem.point_rate(validate(TrainConfig(model="bert-base", batch_size=3, world_size=2, net="auto")))
+    autorate.point_rate(validate(TrainConfig(model="bert-base", batch_size=3, world_size=2, net="auto")))
     assert asked[-1] == ("bert-base", "cpu", 3, max(1, available_cores() // 2), 2)  # the point's threads, ranks
-    rate, backward_ms = netem.point_rate(validate(TrainConfig(net="500mbit")))
+    rate, backward_ms = autorate.point_rate(validate(TrainConfig(net="500mbit")))
     assert rate == 500.0 and math.isnan(backward_ms)
-    assert netem.point_rate(validate(TrainConfig()))[0] is None  # loopback is the harness default
+    assert autorate.point_rate(validate(TrainConfig(net="loopback")))[0] is None
 
 
 def test_auto_is_loopback_where_nothing_is_emulated(monkeypatch):
-    monkeypatch.setattr(config, "cuda_available", lambda: False)
+    monkeypatch.setattr(env, "cuda_available", lambda: False)
     monkeypatch.setattr(netem, "require", lambda: None)
     assert validate(TrainConfig(net="auto")).net == "auto"
     assert validate(TrainConfig(net="auto", world_size=1)).net == "loopback"
     assert validate(TrainConfig(net="auto", impl="local")).net == "loopback"
-    monkeypatch.setattr(config, "cuda_available", lambda: True)  # GPUs (NCCL): the real interconnect
+    monkeypatch.setattr(env, "cuda_available", lambda: True)  # GPUs (NCCL): the real interconnect
     assert config.resolve(TrainConfig(net="auto")).net == "loopback"
     assert config.resolve(AllreduceConfig(net="auto", backend="gloo")).net == "loopback"
 
 
 def test_rates_under_torchrun_are_refused(monkeypatch):
-    monkeypatch.setattr(config, "cuda_available", lambda: False)
+    monkeypatch.setattr(env, "cuda_available", lambda: False)
     monkeypatch.setenv("RANK", "0")
-    assert validate(TrainConfig(net="auto")).net == "loopback"  # drivers' default: the real network
+    assert validate(TrainConfig()).net == "loopback"  # the default, auto: the real network
+    preflight([validate(TrainConfig())])
     with pytest.raises(ValueError, match="torchrun"):
-        validate(TrainConfig(net="1gbit"))
+        preflight([validate(TrainConfig(net="1gbit"))])
 
 
 @pytest.mark.parametrize("net", ["1gbps", "fast", "0mbit", "-1gbit", "1 gbit/s"])
@@ -134,7 +136,7 @@ def test_bad_net_values_are_refused(net):
 ])
 def test_refused_namespaces_stop_with_a_clear_message(monkeypatch, tmp_path, tool, value, message):
     monkeypatch.setattr(netem, tool, value)
-    monkeypatch.setattr(config, "cuda_available", lambda: False)
+    monkeypatch.setattr(env, "cuda_available", lambda: False)
     monkeypatch.setattr("harness.sweep.launch", lambda *a, **k: pytest.fail("nothing may launch"))
     with pytest.raises(netem.NetemUnavailable, match=message):
         run_sweep("netem", [TrainConfig(net="loopback"), TrainConfig(net="1gbit")], root=tmp_path, progress=False)
@@ -155,7 +157,7 @@ def test_drivers_never_mix_rows_of_different_networks(monkeypatch):
 
     from experiments.common import ok_rows
 
-    monkeypatch.setattr(config, "cuda_available", lambda: False)
+    monkeypatch.setattr(env, "cuda_available", lambda: False)
     df = pd.DataFrame({
         "point_id": ["emu", "plain", "one", "rate"], "point_type": ["TrainConfig"] * 4, "error": [""] * 4,
         "net": ["auto", "loopback", "loopback", "1gbit"], "backend": ["gloo"] * 4, "world_size": [2, 2, 1, 2],
@@ -165,3 +167,8 @@ def test_drivers_never_mix_rows_of_different_networks(monkeypatch):
     assert list(ok_rows(df, net="loopback")["point_id"]) == ["plain", "one"]
     assert list(ok_rows(df, net="1gbit")["point_id"]) == ["rate"]
     assert len(ok_rows(df)) == 4
+    monkeypatch.setattr(env, "cuda_available", lambda: True)  # plotted on a GPU machine: the same rows
+    monkeypatch.setenv("RANK", "0")  # or under torchrun
+    assert list(ok_rows(df, net="auto")["point_id"]) == ["emu", "one"]
+    df["net_auto_loopback"] = [False, True, True, False]  # as stored since that column exists: it decides
+    assert list(ok_rows(df, net="auto")["point_id"]) == ["emu", "plain", "one"]

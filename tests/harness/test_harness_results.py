@@ -9,7 +9,7 @@ import pytest
 
 from harness import results
 from harness.config import TrainConfig, config_columns
-from harness.results import SCHEMA, load_results, summarize, write_point
+from harness.results import SCHEMA, load_results, summarize, write_csv_atomic, write_point
 
 README = Path(__file__).resolve().parents[2] / "results" / "README.md"
 
@@ -61,6 +61,19 @@ def test_write_is_atomic(tmp_path, monkeypatch):
     (tmp_path / "exp" / "points" / ".tmp-half.csv").write_text("experiment,point_id\nexp,ha")
     assert results.stored_point_ids("exp", root=tmp_path) == {"p1"}  # stray temp files are not points
     assert len(load_results("exp", root=tmp_path)) == 2
+
+
+def test_write_csv_atomic_makes_folders_and_shareable_files(tmp_path, monkeypatch):
+    path = tmp_path / "bench" / "summary.csv"
+    write_csv_atomic(pd.DataFrame({"ratio": [1.0, 1.25]}), path)
+    assert pd.read_csv(path)["ratio"].tolist() == [1.0, 1.25] and path.stat().st_mode & 0o777 == 0o644
+    def crash(src, dst):
+        raise OSError("killed mid-write")
+
+    monkeypatch.setattr(os, "replace", crash)
+    with pytest.raises(OSError):
+        write_csv_atomic(pd.DataFrame({"ratio": [9.0]}), path)
+    assert pd.read_csv(path)["ratio"].tolist() == [1.0, 1.25] and os.listdir(path.parent) == ["summary.csv"]
 
 
 def test_load_of_missing_experiment_is_empty(tmp_path):

@@ -1,10 +1,15 @@
-"""Training-iteration rows for every impl, and the allreduce microbenchmark."""
+"""Training-iteration rows for every impl, the shared timed iteration, and the allreduce microbenchmark."""
+import contextlib
 import json
 import math
 
 import pytest
+import torch
 
 from harness.config import AllreduceConfig, TrainConfig
+from harness.launch import RankContext
+from harness.models import build_model, input_spec, make_inputs
+from harness.runner import timed_iteration
 from harness.sweep import run_point
 
 
@@ -17,7 +22,7 @@ def _ours_available():
 
 
 def _small(**kw):
-    base = dict(model="small", world_size=2, iters=4, warmup=1, threads_per_rank=1, timeout_s=60)
+    base = dict(model="small", world_size=2, iters=4, warmup=1, threads_per_rank=1, timeout_s=60, net="loopback")
     return TrainConfig(**{**base, **kw})
 
 
@@ -27,6 +32,7 @@ def _check_common(rows, cfg):
         (rank, it) for rank in range(cfg.world_size) for it in range(cfg.iters)]
     for r in rows:
         assert r["total_ms"] == pytest.approx(r["forward_ms"] + r["backward_ms"] + r["optimizer_ms"])
+        assert r["cpu_ms"] >= 0 and 0 <= r["sys_ms"] <= r["cpu_ms"] + 1e-6 and r["minor_faults"] >= 0
         assert min(r["forward_ms"], r["backward_ms"], r["backward_compute_ms"]) > 0
         assert math.isfinite(r["loss"]) and r["num_threads"] == 1 and r["impl"] == cfg.impl
         assert r["image_size"] == 16 and r["batch_size_used"] == 8  # cpu profile of the small model
@@ -70,9 +76,48 @@ def test_our_ddp_rows_carry_bucket_timestamps(extra):
         assert all(f >= s for s, f in zip(buckets["launch_ms"], buckets["finish_ms"]))
 
 
+class _NoSyncCounter(torch.nn.Module):
+    """A model whose ``no_sync()`` only counts how often it was entered."""
+
+    def __init__(self, inner):
+        super().__init__()
+        self.inner, self.no_sync_entered = inner, 0
+
+    def forward(self, x):
+        return self.inner(x)
+
+    @contextlib.contextmanager
+    def no_sync(self):
+        self.no_sync_entered += 1
+        yield
+
+
+def test_timed_iteration_accumulates_without_step_and_steps_when_told():
+    """The runner's semantics: ``no_sync`` wraps forward + backward; only ``step`` runs the optimizer, which
+    then zeroes the gradients in place (``set_to_none=False``)."""
+    ctx = RankContext(rank=0, world_size=1, local_rank=0, backend="gloo", device=torch.device("cpu"),
+                      num_threads=1, timeout_s=60)
+    torch.manual_seed(0)
+    model = _NoSyncCounter(build_model("small"))
+    inputs = make_inputs("small", input_spec("small", "cpu"), ctx.device)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    weights = [p.detach().clone() for p in model.parameters()]
+    times, loss = timed_iteration("small", model, opt, inputs, ctx, no_sync=True, step=False)
+    assert model.no_sync_entered == 1 and math.isfinite(float(loss.detach()))
+    assert all(torch.equal(w, p) for w, p in zip(weights, model.parameters()))  # accumulated, not stepped
+    assert any(p.grad.abs().sum() > 0 for p in model.parameters())
+    assert times["total_ms"] == pytest.approx(times["forward_ms"] + times["backward_ms"] + times["optimizer_ms"])
+    assert set(times) == {"forward_ms", "backward_ms", "optimizer_ms", "total_ms", "cpu_ms", "sys_ms",
+                          "minor_faults"}
+    timed_iteration("small", model, opt, inputs, ctx)
+    assert model.no_sync_entered == 1
+    assert not all(torch.equal(w, p) for w, p in zip(weights, model.parameters()))
+    assert all(p.grad is not None and not p.grad.any() for p in model.parameters())
+
+
 def test_allreduce_microbenchmark_rows():
     cfg = AllreduceConfig(world_size=3, total_params=300_000, params_per_call=70_000, iters=3, warmup=1,
-                          threads_per_rank=1, timeout_s=60)
+                          threads_per_rank=1, timeout_s=60, net="loopback")
     rows = run_point(cfg)
     assert len(rows) == 9 and {r["rank"] for r in rows} == {0, 1, 2}
     for r in rows:

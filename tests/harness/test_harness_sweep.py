@@ -65,7 +65,7 @@ def test_killed_sweep_resumes_without_loss_or_duplicates(tmp_path):
 
 def test_failing_point_is_stored_and_the_sweep_goes_on(tmp_path, capsys):
     bad = TrainConfig(model="small", impl="torch", world_size=2, iters=2, warmup=0, threads_per_rank=1,
-                      timeout_s=60, fault="raise@1")
+                      timeout_s=60, fault="raise@1", net="loopback")
     good = TrainConfig(model="small", impl="local", world_size=1, iters=2, warmup=0, threads_per_rank=1,
                        timeout_s=60)
     df = sweep.run_sweep("isolation", [bad, good], root=tmp_path)
@@ -86,7 +86,20 @@ def test_dry_run_lists_points_and_launches_nothing(tmp_path, monkeypatch, capsys
     write_point("dry", point_id(points[0]), [{**config_columns(validate(points[0])), "rank": 0}], root=tmp_path)
     monkeypatch.setattr(sweep, "launch", lambda *a, **k: pytest.fail("dry run launched a point"))
     plan = sweep.run_sweep("dry", points + [points[1]], root=tmp_path, dry_run=True)
-    assert list(plan["point_id"]) == [point_id(p) for p in points]  # duplicate listed once
-    assert list(plan["status"]) == ["stored", "pending", "pending", "pending"]
+    ids = [point_id(p) for p in points]
+    assert sorted(plan["point_id"]) == sorted(ids)  # duplicate listed once, in the run order:
+    assert list(plan["point_id"]) == list(sweep.schedule(dict(zip(ids, points)), seed=0))
+    assert dict(zip(plan["point_id"], plan["status"])) == {ids[0]: "stored", ids[1]: "pending", ids[2]: "pending",
+                                                           ids[3]: "pending"}
     assert point_id(points[2]) in capsys.readouterr().out
-    assert isinstance(plan, pd.DataFrame) and (plan["seed"] == [0, 1, 2, 3]).all()
+    assert isinstance(plan, pd.DataFrame) and sorted(plan["seed"]) == [0, 1, 2, 3]
+
+
+def test_schedule_runs_one_shuffled_pass_per_repetition():
+    points = {f"{r}-{i}": TrainConfig(seed=i, repeat=r) for r in range(3) for i in range(6)}
+    order = list(sweep.schedule(points, seed=0))
+    assert [points[pid].repeat for pid in order] == [0] * 6 + [1] * 6 + [2] * 6
+    passes = [[points[pid].seed for pid in order[6 * r: 6 * r + 6]] for r in range(3)]
+    assert all(sorted(p) == list(range(6)) for p in passes) and len({tuple(p) for p in passes}) > 1  # shuffled
+    assert order == list(sweep.schedule(points, seed=0))  # a rerun or a resume keeps the order
+    assert order != list(sweep.schedule(points, seed=1))

@@ -1,47 +1,13 @@
-"""`make bench`: is our DDP as fast as torch's C++ Reducer, and how far are both from the ideal?
+"""`make bench`: is our DDP as fast as torch's C++ Reducer, and how far are both from the ideal bound?
 
     make bench                                                   # ResNet50 + BERT-base, caps 1,5,25,100 MB
-    python -m harness.bench --models=small --caps=1,25 --iters=3 --warmup=2 --out=/tmp/bench
-    python -m harness.bench --help                               # every option (BenchConfig fields)
+    python -m experiments.bench --models=small --bucket_caps_mb=1,25 --iters=3 --warmup=2 --out=/tmp/bench   # seconds
+    python -m experiments.bench --help                           # every option (BenchConfig fields)
 
-One spawned job per (model, cap) point. Each rank builds identical copies of the model (same seed) and wraps
-one in torch's DDP, one in ours (same ``bucket_cap_mb``) and one more in torch's; a fourth stays unwrapped.
-Every *round* runs, on the same inputs and after a barrier, one iteration (forward+loss, backward, SGD step
-+ zero_grad) of
-    torch       torch.nn.parallel.DistributedDataParallel
-    ours        ddp_impl.DistributedDataParallel, instrumentation on (the default the suite uses)
-    torch_b     a second torch DDP copy, built after ours: the A/A control. Two identical copies of one model
-                can differ by ~5% for a whole run (BERT-base on this CPU, even wrapping one shared module),
-                which is more than the difference being measured
-    ours_notiming   the same object with ``timing = False``
-    local       the unwrapped copy: backward compute with no DDP at all
-    allreduce   async allreduces of zero buffers of our bucket sizes, back to back, then wait for all
-in a random order drawn per round (the same on every rank), so the impls interleave, see the same load, and
-none systematically runs right after itself (warm caches) or after a particular other variant.
-Warmup rounds come first (both DDPs rebuild their buckets after their first iteration).
-
-A round's latency is the slowest rank's. Per point: median latency of each variant; ``ratio`` = median
-ours / median torch with ``ratio_p10/p90`` (spread of the per-round paired ratios) and a bootstrap 95% CI of
-the ratio of medians; ``paired_ratio``, the median of the per-round ratios, with its bootstrap 95% CI;
-``aa_ratio`` = median torch_b / median torch (what two identical DDPs differ by: the resolution of ``ratio``)
-and ``ratio_both`` = median ours / mean of the two torch medians (built before and after ours), ``paired_both``
-the same per round (median, bootstrap CI); the ideal bound forward + max(local backward, allreduce) +
-optimizer (each impl's own medians) and ``measured / ideal``; the instrumentation overhead ours / ours_notiming - 1.
-``cpu_ms`` (CPU time of all of a rank's threads) is recorded too: unlike wall time it barely moves when other
-processes share the cores; ``sys_ms`` and ``minor_faults`` are its kernel part and the pages first touched
-in the iteration. On CPU the kernel part is large: glibc hands big freed blocks back to the OS, so every
-iteration faults ~70k fresh pages in (BERT-base), a count that shifts with the heap's layout. ``--malloc=retain``
-(glibc: never mmap, never trim) keeps freed memory in the process and removes those faults; the default
-measures what users get.
-Memory (``--memory``): one job per (model, variant), so allocators are not shared. Peak bytes above what the
-rank held after building the model and inputs and running one plain iteration (runtime start-up is not DDP's):
-CPU: peak resident set (VmHWM, reset through /proc/self/clear_refs), with glibc's mmap threshold at 64 KiB so
-freed tensors leave the resident set at once; GPU: ``torch.cuda.max_memory_allocated``. ``startup_peak_mb``
-covers wrapping and the first 2 iterations (bucket rebuild), ``peak_mb`` the next ``memory_iters``
-(steady state), ``ddp_extra_mb`` = peak_mb minus that of the unwrapped model. Columns: BENCHMARKS.md.
-Per model, ``pooled.csv`` combines its caps into one ratio with a CI (``pooled``): the number to read, as a single
-point moves by a few percent on a shared CPU. Writes ``<out>/latency_samples.csv``, ``<out>/summary.csv``,
-``<out>/pooled.csv``, ``<out>/memory.csv`` (atomically, after each point) and prints the tables.
+Per (model, cap): torch's DDP, ours, a second torch DDP (A/A control) and no DDP, interleaved in random order
+round by round on the same ranks; per (model, variant): peak memory. Writes ``<out>/summary.csv``,
+``pooled.csv`` (the number to read), ``latency_samples.csv`` and ``memory.csv``. Methods and findings:
+BENCHMARKS.md.
 """
 from __future__ import annotations
 
@@ -50,10 +16,7 @@ import datetime
 import gc
 import os
 import random
-import resource
-import socket
 import sys
-import tempfile
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -64,11 +27,13 @@ import pandas as pd
 import torch
 import torch.distributed as dist
 
-from harness.config import MODELS, PROFILES, parse_dataclass
+from harness.config import MODELS, PROFILES, auto_profile_backend, parse_dataclass
 from harness.env import in_place, is_writer
-from harness.launch import RankContext, launch
-from harness.models import build_model, compute_loss, input_spec, make_inputs
-from harness.results import git_commit, results_root
+from harness.launch import BACKENDS, RankContext, launch
+from harness.models import build_model, input_spec, make_inputs
+from harness.results import git_commit, results_root, write_csv_atomic
+from harness.runner import machine_metadata, timed_iteration, wrap
+from harness.stats import bootstrap_median_ci, pooled_geomean_ci, ratio_of_medians_ci
 
 MIB = 1024 * 1024
 ORDER = ("torch", "ours", "ours_notiming", "torch_b", "local", "allreduce")
@@ -81,7 +46,7 @@ class BenchConfig:
     """Our DDP vs torch's DDP: per-iteration latency, ideal bound, instrumentation overhead, peak memory."""
 
     models: tuple[str, ...] = ("resnet50", "bert-base")
-    caps: tuple[float, ...] = (1.0, 5.0, 25.0, 100.0)  # bucket_cap_mb (MiB), one point per (model, cap)
+    bucket_caps_mb: tuple[float, ...] = (1.0, 5.0, 25.0, 100.0)  # one point per (model, bucket_cap_mb)
     iters: int = 20  # measured rounds (one iteration of every variant each)
     warmup: int = 3  # rounds before measuring; >= 2 so both DDPs have rebuilt their buckets
     world_size: int = 2
@@ -96,75 +61,41 @@ class BenchConfig:
     seed: int = 0
     out: str = ""  # default <results>/bench
     timeout_s: float = 600.0
-    malloc: str = "default"  # default | retain: glibc keeps freed memory (no page faults from reuse), see above
+    malloc: str = "default"  # default | retain: glibc keeps freed memory (no page faults from reuse), BENCHMARKS.md
 
 
 def validate_bench(cfg: BenchConfig) -> BenchConfig:
-    for m in cfg.models:
-        if m not in MODELS:
-            raise ValueError(f"unknown model {m!r}; choose from {list(MODELS)}")
-    if not cfg.models or not cfg.caps or any(c < 0 for c in cfg.caps):
-        raise ValueError("models and caps must be non-empty, caps >= 0")
-    if cfg.iters < 1 or cfg.warmup < 2 or cfg.world_size < 2 or cfg.memory_iters < 1:
-        raise ValueError("need iters >= 1, warmup >= 2 (bucket rebuild), world_size >= 2, memory_iters >= 1")
-    if cfg.malloc not in MALLOC_ENV:
-        raise ValueError(f"unknown malloc {cfg.malloc!r}; choose from {list(MALLOC_ENV)}")
+    """Check ``cfg`` before anything is spawned; returns it with ``auto`` profile and backend made concrete."""
+    profile, backend = auto_profile_backend(cfg.profile, cfg.backend)
+    choices = [("model", m, MODELS) for m in cfg.models] + [
+        ("profile", profile, PROFILES), ("backend", backend, BACKENDS), ("malloc", cfg.malloc, tuple(MALLOC_ENV))]
+    for name, value, allowed in choices:
+        if value not in allowed:
+            raise ValueError(f"unknown {name} {value!r}; choose one of {list(allowed)}")
+    if not cfg.models or not cfg.bucket_caps_mb or min((*cfg.bucket_caps_mb, cfg.memory_cap_mb)) < 0:
+        raise ValueError(f"models and bucket_caps_mb must be non-empty, caps >= 0 MiB; got models={cfg.models} "
+                         f"bucket_caps_mb={cfg.bucket_caps_mb} memory_cap_mb={cfg.memory_cap_mb}")
+    for name, low, why in (("iters", 1, ""), ("warmup", 2, " (both DDPs rebuild their buckets after the first)"),
+                           ("world_size", 2, " (a comparison of DDPs)"), ("memory_iters", 1, "")):
+        if getattr(cfg, name) < low:
+            raise ValueError(f"{name} must be >= {low}{why}, got {getattr(cfg, name)}")
     missing = {k: v for k, v in MALLOC_ENV[cfg.malloc].items() if os.environ.get(k) != v}
     if missing and in_place():  # ranks already started: glibc read its settings then
         raise ValueError(f"malloc={cfg.malloc!r} under torchrun/SLURM: export "
                          + " ".join(f"{k}={v}" for k, v in missing.items()) + " before launching")
-    cfg = dataclasses.replace(cfg, profile=resolve_profile(cfg.profile), backend=resolve_backend(cfg.backend))
-    if cfg.profile not in PROFILES:
-        raise ValueError(f"unknown profile {cfg.profile!r}")
-    return cfg
-
-
-def resolve_profile(profile: str) -> str:
-    return profile if profile != "auto" else ("paper" if torch.cuda.is_available() else "cpu")
-
-
-def resolve_backend(backend: str) -> str:
-    return backend if backend != "auto" else ("nccl" if torch.cuda.is_available() else "gloo")
+    return dataclasses.replace(cfg, profile=profile, backend=backend)
 
 
 # ---------------------------------------------------------------------------------------------- on each rank
-def _wrap(variant: str, model, ctx: RankContext, cap_mb: float, as_view: bool = False):
-    if variant == "torch":
-        return torch.nn.parallel.DistributedDataParallel(
-            model, device_ids=[ctx.device.index] if ctx.device.type == "cuda" else None, process_group=ctx.group,
-            bucket_cap_mb=cap_mb, gradient_as_bucket_view=as_view)
-    if variant == "ours":
-        from ddp_impl import DistributedDataParallel
-
-        return DistributedDataParallel(model, process_group=ctx.group, bucket_cap_mb=cap_mb,
-                                       gradient_as_bucket_view=as_view)
-    return model
-
-
 def _fresh(name: str, ctx: RankContext, seed: int):
     torch.manual_seed(seed)
     return build_model(name).to(ctx.device)
 
 
 def _iteration(name, model, opt, inputs, ctx: RankContext) -> dict:
+    """One timed iteration after a barrier: both ranks start together, so a round's latency is the slower's."""
     dist.barrier(group=ctx.group)
-    ctx.synchronize()
-    r0 = resource.getrusage(resource.RUSAGE_SELF)  # every thread of this rank (compute + Gloo)
-    t0 = time.perf_counter()
-    loss = compute_loss(name, model, inputs)
-    ctx.synchronize()
-    t1 = time.perf_counter()
-    loss.backward()
-    ctx.synchronize()
-    t2 = time.perf_counter()
-    opt.step()
-    opt.zero_grad(set_to_none=False)
-    ctx.synchronize()
-    t3 = time.perf_counter()
-    r1 = resource.getrusage(resource.RUSAGE_SELF)
-    return dict(forward_ms=(t1 - t0) * 1e3, backward_ms=(t2 - t1) * 1e3, optimizer_ms=(t3 - t2) * 1e3,
-                total_ms=(t3 - t0) * 1e3, cpu_ms=(r1.ru_utime + r1.ru_stime - r0.ru_utime - r0.ru_stime) * 1e3,
-                sys_ms=(r1.ru_stime - r0.ru_stime) * 1e3, minor_faults=r1.ru_minflt - r0.ru_minflt)
+    return timed_iteration(name, model, opt, inputs, ctx)[0]
 
 
 def _allreduce_all(buffers, ctx: RankContext) -> dict:
@@ -182,12 +113,12 @@ def latency_job(ctx: RankContext, name: str, cap_mb: float, cfg: BenchConfig) ->
     """One (model, cap) point on one rank: warmup + measured rounds of every variant, interleaved."""
     spec = input_spec(name, cfg.profile)
     inputs = make_inputs(name, spec, ctx.device, seed=cfg.seed * 1000 + ctx.rank)
-    theirs = _wrap("torch", _fresh(name, ctx, cfg.seed), ctx, cap_mb)
-    ours = _wrap("ours", _fresh(name, ctx, cfg.seed), ctx, cap_mb)
-    theirs_b = _wrap("torch", _fresh(name, ctx, cfg.seed), ctx, cap_mb)
+    torch_ddp = wrap(_fresh(name, ctx, cfg.seed), "torch", ctx, cap_mb)
+    ours = wrap(_fresh(name, ctx, cfg.seed), "ours", ctx, cap_mb)
+    torch_b_ddp = wrap(_fresh(name, ctx, cfg.seed), "torch", ctx, cap_mb)
     local = _fresh(name, ctx, cfg.seed)
-    opts = {m: torch.optim.SGD(m.parameters(), lr=cfg.lr) for m in (theirs, ours, theirs_b, local)}
-    models = {"torch": theirs, "ours": ours, "ours_notiming": ours, "torch_b": theirs_b, "local": local}
+    opts = {m: torch.optim.SGD(m.parameters(), lr=cfg.lr) for m in (torch_ddp, ours, torch_b_ddp, local)}
+    models = {"torch": torch_ddp, "ours": ours, "ours_notiming": ours, "torch_b": torch_b_ddp, "local": local}
     buffers: list[torch.Tensor] = []
     samples = []
     for rnd in range(cfg.warmup + cfg.iters):
@@ -203,7 +134,7 @@ def latency_job(ctx: RankContext, name: str, cap_mb: float, cfg: BenchConfig) ->
             row = _iteration(name, model, opts[model], inputs, ctx)
             if rnd >= cfg.warmup:
                 samples.append(dict(variant=variant, round=rnd - cfg.warmup, **row))
-    logged = theirs._get_ddp_logging_data()  # torch logs its rebuilt bucket sizes (bytes) once it rebuilt
+    logged = torch_ddp._get_ddp_logging_data()  # torch logs its rebuilt bucket sizes (bytes) once it rebuilt
     torch_sizes = str(logged.get("rebuilt_bucket_sizes") or logged.get("bucket_sizes") or "")
     return dict(samples=samples, rank=ctx.rank, num_threads=ctx.num_threads,
                 ours_bucket_bytes=" ".join(str(b.nbytes) for b in ours.reducer.buckets),
@@ -241,7 +172,7 @@ def memory_job(ctx: RankContext, name: str, cap_mb: float, variant: str, as_view
     ctx.synchronize()
     before, _ = _memory_now(ctx)
     _reset_peak(ctx)
-    wrapped = _wrap(variant, model, ctx, cap_mb, as_view)
+    wrapped = wrap(model, variant, ctx, cap_mb, gradient_as_bucket_view=as_view)
     opt = torch.optim.SGD(wrapped.parameters(), lr=cfg.lr)
     peaks = []
     for iters in (2, cfg.memory_iters):
@@ -256,14 +187,6 @@ def memory_job(ctx: RankContext, name: str, cap_mb: float, variant: str, as_view
 
 
 # ---------------------------------------------------------------------------------------------- parent side
-def machine() -> dict:
-    cpu = next((line.split(":", 1)[1].strip() for line in Path("/proc/cpuinfo").read_text().splitlines()
-                if line.startswith("model name")), "") if Path("/proc/cpuinfo").exists() else ""
-    gpu = torch.cuda.get_device_name(0) if torch.cuda.is_available() else ""
-    return dict(hostname=socket.gethostname(), cpu=cpu, cores=os.cpu_count(), gpu=gpu,
-                torch_version=torch.__version__, git_commit=git_commit())
-
-
 def _load() -> float:
     return os.getloadavg()[0] if hasattr(os, "getloadavg") else float("nan")
 
@@ -280,22 +203,16 @@ def _per_round(rounds: pd.DataFrame, variant: str, reference: str) -> np.ndarray
     return (rounds[variant] / ref).to_numpy()
 
 
-def _boot_medians(x: np.ndarray, rng, n: int = 2000) -> np.ndarray:
-    return np.median(x[rng.integers(0, len(x), size=(n, len(x)))], axis=1)
-
-
 def summarize_point(samples: pd.DataFrame) -> dict:
     """Medians, paired ours/torch ratio with spread, ideal bounds and overhead of one point's samples."""
     rounds = _rounds(samples)
     med = samples.groupby("variant")[["forward_ms", "backward_ms", "optimizer_ms"]].median()
     lat = rounds.median()
     paired = rounds["ours"] / rounds["torch"]  # same round: robust when the machine's load drifts between rounds
-    rng = np.random.default_rng(0)
-    idx = rng.integers(0, len(rounds), size=(2000, len(rounds)))
-    boot = np.median(rounds["ours"].to_numpy()[idx], axis=1) / np.median(rounds["torch"].to_numpy()[idx], axis=1)
-    boot_paired = np.median(paired.to_numpy()[idx], axis=1)
     paired_both = _per_round(rounds, "ours", "both")
-    boot_both = _boot_medians(paired_both, rng)
+    rng = np.random.default_rng(0)
+    ratio_ci = ratio_of_medians_ci(rounds["ours"], rounds["torch"], rng)
+    paired_ci, both_ci = bootstrap_median_ci(paired, rng), bootstrap_median_ci(paired_both, rng)
     backward = max(med.loc["local", "backward_ms"], lat["allreduce"])
     ideal = {v: med.loc[v, "forward_ms"] + backward + med.loc[v, "optimizer_ms"] for v in ("ours", "torch")}
     cpu = samples.groupby("variant")["cpu_ms"].median()
@@ -304,12 +221,9 @@ def summarize_point(samples: pd.DataFrame) -> dict:
         ours_ms=lat["ours"], torch_ms=lat["torch"], ratio=lat["ours"] / lat["torch"],
         torch_b_ms=lat["torch_b"], aa_ratio=lat["torch_b"] / lat["torch"],
         ratio_both=lat["ours"] / ((lat["torch"] + lat["torch_b"]) / 2),
-        ratio_p10=paired.quantile(0.1), ratio_p90=paired.quantile(0.9),
-        ratio_ci_lo=np.quantile(boot, 0.025), ratio_ci_hi=np.quantile(boot, 0.975),
-        paired_ratio=paired.median(), paired_ci_lo=np.quantile(boot_paired, 0.025),
-        paired_ci_hi=np.quantile(boot_paired, 0.975),
-        paired_both=np.median(paired_both), paired_both_ci_lo=np.quantile(boot_both, 0.025),
-        paired_both_ci_hi=np.quantile(boot_both, 0.975),
+        ratio_p10=paired.quantile(0.1), ratio_p90=paired.quantile(0.9), ratio_ci_lo=ratio_ci[0],
+        ratio_ci_hi=ratio_ci[1], paired_ratio=paired.median(), paired_ci_lo=paired_ci[0], paired_ci_hi=paired_ci[1],
+        paired_both=np.median(paired_both), paired_both_ci_lo=both_ci[0], paired_both_ci_hi=both_ci[1],
         ours_notiming_ms=lat["ours_notiming"], timing_overhead_pct=(lat["ours"] / lat["ours_notiming"] - 1) * 100,
         forward_ms_ours=med.loc["ours", "forward_ms"], forward_ms_torch=med.loc["torch", "forward_ms"],
         optimizer_ms_ours=med.loc["ours", "optimizer_ms"], optimizer_ms_torch=med.loc["torch", "optimizer_ms"],
@@ -323,37 +237,20 @@ def summarize_point(samples: pd.DataFrame) -> dict:
 
 
 def pooled(samples: pd.DataFrame, seed: int = 0) -> pd.DataFrame:
-    """One number per model and comparison: the geometric mean over its caps of each point's median per-round
-    ratio, with a bootstrap 95% CI (rounds resampled within each point). A single point moves by +-3 % here
-    (BENCHMARKS.md); pooling the caps resolves about 1 %. Comparisons: ours and ours_notiming against both
-    torch copies, and the A/A control torch_b / torch (what no difference looks like)."""
+    """One number per model and comparison: its caps pooled (geometric mean of each point's median per-round
+    ratio, harness.stats). Comparisons: ours and ours_notiming against both torch copies, and the A/A control
+    torch_b / torch (what no difference looks like)."""
     rng = np.random.default_rng(seed)
     rows = []
     for name, by_model in samples.groupby("model", sort=False):
         points = [_rounds(g) for _, g in by_model.groupby("bucket_cap_mb")]
         for variant, reference in (("ours", "both"), ("ours_notiming", "both"), ("torch_b", "torch")):
             per_point = [_per_round(r, variant, reference) for r in points]
-            est = np.exp(np.mean([np.log(np.median(x)) for x in per_point]))
-            boot = np.exp(np.mean([np.log(_boot_medians(x, rng)) for x in per_point], axis=0))
+            est, lo, hi = pooled_geomean_ci(per_point, rng)
             against = "torch, torch_b" if reference == "both" else reference
             rows.append(dict(model=name, comparison=f"{variant} / {against}", points=len(points),
-                             rounds=sum(len(x) for x in per_point), pooled_ratio=est,
-                             ci_lo=np.quantile(boot, 0.025), ci_hi=np.quantile(boot, 0.975)))
+                             rounds=sum(len(x) for x in per_point), pooled_ratio=est, ci_lo=lo, ci_hi=hi))
     return pd.DataFrame(rows)
-
-
-def write_csv(df: pd.DataFrame, path: Path) -> None:
-    """Atomic: a temporary file in the same folder, then os.replace."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=".tmp-", suffix=".csv")
-    try:
-        with os.fdopen(fd, "w", newline="") as fh:
-            df.to_csv(fh, index=False)
-        os.chmod(tmp, 0o644)
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
 
 
 def _small_mmap_threshold():
@@ -367,10 +264,11 @@ def run_bench(cfg: BenchConfig) -> dict[str, pd.DataFrame]:
     cfg = validate_bench(cfg)
     writer = is_writer()  # under torchrun every rank runs this; rank 0 writes
     out = Path(cfg.out) if cfg.out else results_root() / "bench"
-    meta = dict(machine(), backend=cfg.backend, profile=cfg.profile, world_size=cfg.world_size)
+    meta = dict(machine_metadata(), git_commit=git_commit(), backend=cfg.backend, profile=cfg.profile,
+                world_size=cfg.world_size)
     all_samples, summary, memory = [], [], []
     for name in cfg.models:
-        for cap in cfg.caps if cfg.latency else ():
+        for cap in cfg.bucket_caps_mb if cfg.latency else ():
             started = datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")
             load_before, t0 = _load(), time.monotonic()
             with mock.patch.dict(os.environ, MALLOC_ENV[cfg.malloc]):
@@ -379,19 +277,17 @@ def run_bench(cfg: BenchConfig) -> dict[str, pd.DataFrame]:
             point = dict(model=name, bucket_cap_mb=cap)
             samples = pd.DataFrame([{**point, "rank": r["rank"], **s} for r in ranks for s in r["samples"]])
             all_samples.append(samples)
-            info = ranks[0]
-            summary.append(dict(point, **summarize_point(samples),
-                                ours_buckets=len(info["ours_bucket_bytes"].split()),
-                                torch_buckets=len(info["torch_bucket_bytes"].split()),
-                                same_buckets=info["ours_bucket_bytes"] == info["torch_bucket_bytes"],
-                                num_params=info["num_params"],
-                                num_threads=info["num_threads"], load_before=load_before, load_after=_load(),
-                                point_seconds=time.monotonic() - t0, started_at=started, malloc=cfg.malloc,
-                                **meta))
+            ours_bytes, torch_bytes = ranks[0]["ours_bucket_bytes"], ranks[0]["torch_bucket_bytes"]
+            summary.append(dict(point, **summarize_point(samples), ours_buckets=len(ours_bytes.split()),
+                                torch_buckets=len(torch_bytes.split()), same_buckets=ours_bytes == torch_bytes,
+                                num_params=ranks[0]["num_params"], num_threads=ranks[0]["num_threads"],
+                                load_before=load_before, load_after=_load(), point_seconds=time.monotonic() - t0,
+                                started_at=started, malloc=cfg.malloc, **meta))
             if writer:
-                write_csv(pd.concat(all_samples, ignore_index=True), out / "latency_samples.csv")
-                write_csv(pd.DataFrame(summary), out / "summary.csv")
-                write_csv(pooled(pd.concat(all_samples, ignore_index=True)), out / "pooled.csv")
+                every = pd.concat(all_samples, ignore_index=True)
+                write_csv_atomic(every, out / "latency_samples.csv")
+                write_csv_atomic(pd.DataFrame(summary), out / "summary.csv")
+                write_csv_atomic(pooled(every), out / "pooled.csv")
                 print(f"[bench] {name} cap={cap:g} MB: ours/torch = {summary[-1]['ratio']:.3f}, per round vs both "
                       f"torch copies {summary[-1]['paired_both']:.3f}", file=sys.stderr)
         if cfg.memory:
@@ -401,14 +297,13 @@ def run_bench(cfg: BenchConfig) -> dict[str, pd.DataFrame]:
                                    args=(name, cfg.memory_cap_mb, variant, as_view, cfg),
                                    threads=cfg.threads_per_rank)
                 memory.append(dict(model=name, bucket_cap_mb=cfg.memory_cap_mb, variant=variant,
-                                   gradient_as_bucket_view=as_view,
-                                   peak_mb=max(r["peak_mb"] for r in ranks),
+                                   gradient_as_bucket_view=as_view, peak_mb=max(r["peak_mb"] for r in ranks),
                                    startup_peak_mb=max(r["startup_peak_mb"] for r in ranks),
                                    param_mb=ranks[0]["param_mb"], iters=cfg.memory_iters,
                                    measure="cuda_max_memory_allocated" if cfg.backend == "nccl" else "peak_rss",
                                    load=_load(), **meta))
             if writer:
-                write_csv(_memory_frame(memory), out / "memory.csv")
+                write_csv_atomic(_memory_frame(memory), out / "memory.csv")
     return {"summary": pd.DataFrame(summary), "memory": _memory_frame(memory),
             "pooled": pooled(pd.concat(all_samples, ignore_index=True)) if all_samples else pd.DataFrame()}
 
@@ -442,7 +337,7 @@ def format_tables(tables: dict[str, pd.DataFrame]) -> str:
 
 
 def main(argv=None) -> int:
-    cfg = parse_dataclass(BenchConfig, argv, prog="python -m harness.bench")
+    cfg = parse_dataclass(BenchConfig, argv, prog="python -m experiments.bench")
     tables = run_bench(cfg)
     if is_writer():
         print(format_tables(tables))

@@ -11,14 +11,14 @@ import pandas as pd
 import pytest
 import torch
 
-from harness.bench import MALLOC_ENV, MEMORY_COLUMNS, SUMMARY_COLUMNS, BenchConfig, pooled, validate_bench
+from experiments.bench import MALLOC_ENV, MEMORY_COLUMNS, SUMMARY_COLUMNS, BenchConfig, pooled, validate_bench
 from harness.launch import launch
 
 
 def test_bench_cli_tiny(tmp_path):
     out = tmp_path / "bench"
-    cmd = [sys.executable, "-m", "harness.bench", "--models=small", "--caps=1,25", "--iters=3", "--warmup=2",
-           "--memory_iters=1", "--threads_per_rank=1", "--timeout_s=60", "--malloc=retain", f"--out={out}"]
+    cmd = [sys.executable, "-m", "experiments.bench", "--models=small", "--bucket_caps_mb=1,25", "--iters=3",
+           "--warmup=2", "--memory_iters=1", "--threads_per_rank=1", "--timeout_s=60", "--malloc=retain", f"--out={out}"]
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=240)
     assert proc.returncode == 0, proc.stderr[-3000:]
 
@@ -108,10 +108,14 @@ def test_malloc_retain_keeps_freed_memory_in_the_process():
 
 
 def test_bench_config_is_validated():
-    with pytest.raises(ValueError):
+    with pytest.raises(ValueError, match=r"unknown model 'nope'; choose one of \['small'"):
         validate_bench(BenchConfig(models=("nope",)))
-    with pytest.raises(ValueError):
+    with pytest.raises(ValueError, match="warmup must be >= 2"):
         validate_bench(BenchConfig(warmup=1))  # both DDPs rebuild their buckets after the first iteration
+    with pytest.raises(ValueError, match="bucket_caps_mb"):
+        validate_bench(BenchConfig(bucket_caps_mb=(25.0, -1.0)))
+    with pytest.raises(ValueError, match="unknown backend 'mpi'"):
+        validate_bench(BenchConfig(backend="mpi"))
     with pytest.raises(ValueError, match="malloc"):
         validate_bench(BenchConfig(malloc="jemalloc"))
     with mock.patch.dict(os.environ, {"RANK": "0"}), pytest.raises(ValueError, match="export MALLOC_MMAP_MAX_=0"):

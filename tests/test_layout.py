@@ -1,0 +1,63 @@
+"""The tree's architecture, checked from the source: imports point down (experiments -> harness -> ddp_impl)
+and no module imports itself back through others, function-level imports included."""
+import ast
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[1]
+LAYERS = ("ddp_impl", "harness", "experiments")  # each may import only the ones before it
+
+
+def _modules() -> dict[str, Path]:
+    found = {}
+    for package in LAYERS:
+        for path in (REPO / package).rglob("*.py"):
+            parts = path.relative_to(REPO).with_suffix("").parts
+            found[".".join(parts[:-1] if parts[-1] == "__init__" else parts)] = path
+    return found
+
+
+def _imports(name: str, path: Path, known: dict) -> set[str]:
+    """Project modules ``name`` imports anywhere in its code (``from pkg import sub`` counts as ``pkg.sub``)."""
+    package = name if path.name == "__init__.py" else name.rpartition(".")[0]
+    out = set()
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.Import):
+            out |= {a.name for a in node.names}
+        elif isinstance(node, ast.ImportFrom):
+            base = node.module or ""
+            if node.level:  # relative: up level - 1 packages from this one
+                parts = package.split(".")[: len(package.split(".")) - node.level + 1]
+                base = ".".join(parts + ([base] if base else []))
+            out |= {f"{base}.{a.name}" if f"{base}.{a.name}" in known else base for a in node.names}
+    return {m for m in out if m in known and m != name}
+
+
+GRAPH = {name: _imports(name, path, _modules()) for name, path in _modules().items()}
+
+
+@pytest.mark.parametrize("name", sorted(GRAPH))
+def test_imports_point_down(name):
+    layer = LAYERS.index(name.split(".")[0])
+    upward = {m for m in GRAPH[name] if LAYERS.index(m.split(".")[0]) > layer}
+    assert not upward, f"{name} imports a higher layer: {sorted(upward)}"
+
+
+def test_no_import_cycles():
+    done, path = set(), []
+
+    def visit(node):
+        if node in path:
+            cycle = path[path.index(node):] + [node]
+            pytest.fail("import cycle: " + " -> ".join(cycle))
+        if node in done:
+            return
+        path.append(node)
+        for nxt in sorted(GRAPH[node]):
+            visit(nxt)
+        path.pop()
+        done.add(node)
+
+    for name in sorted(GRAPH):
+        visit(name)
