@@ -10,7 +10,7 @@ FIGURES := fig2 fig6 fig7 fig8 fig9 fig10 fig11 fig12
 WS_ARG = $(if $(WORLD_SIZE),--world_size=$(WORLD_SIZE))
 fig9 fig10 fig11 fig2: WS_ARG =
 
-.PHONY: setup test clean figures plots claims bench torch-ddp-tests $(FIGURES)
+.PHONY: setup test clean figures plots claims timeline bench torch-ddp-tests $(FIGURES)
 
 setup: $(STAMP)
 
@@ -30,6 +30,10 @@ figures: $(FIGURES)
 
 plots: setup
 	$(PY) -m experiments plots
+
+# One iteration's per-bucket timeline (ready, launch, true completion) as a figure and a Chrome/Perfetto trace.
+timeline: setup
+	$(PY) -m experiments.timeline $(ARGS)
 
 # Every measured number beside the paper's, one chart (results/figures/claims.png), from stored results.
 claims: setup

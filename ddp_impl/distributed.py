@@ -48,9 +48,10 @@ class DistributedDataParallel(nn.Module):
     ``comm_hook`` registers a torch-API hook at construction: a callable ``(state, GradBucket) -> Future`` or a
     short name of one of torch's own (``"allreduce"``, ``"fp16"``, ``"bf16"``); ``register_comm_hook`` takes
     any state. ``process_group`` may be a :class:`RoundRobinProcessGroup`. ``timing=False`` turns the
-    per-iteration instrumentation off (``last_timing`` is then ``None``); the attribute may be flipped
-    between iterations. ``static_graph=True`` (torch's meaning: the same parameters are used, the same number of
-    times, every iteration) learns in the first iteration how many gradient hooks each parameter fires and which
+    per-iteration instrumentation off (``last_timing`` is then ``None``), ``timing="trace"`` adds each bucket's
+    ready and true completion times (a callback per bucket); the attribute may be flipped between iterations.
+    ``static_graph=True`` (torch's meaning: the same parameters are used, the same number of times, every
+    iteration) learns in the first iteration how many gradient hooks each parameter fires and which
     never fire; later iterations need no graph search and allow reentrant backwards, a parameter checkpointed
     twice, and unused parameters without ``find_unused_parameters``. Buffers follow torch 2.14:
     ``forward_sync_buffers`` (default True) broadcasts rank 0's buffers before each synchronized forward; they
@@ -62,7 +63,7 @@ class DistributedDataParallel(nn.Module):
     def __init__(self, module: nn.Module, process_group=None, bucket_cap_mb: float | None = None,
                  first_bucket_cap_mb: float | None = None, find_unused_parameters: bool = False,
                  broadcast_buffers: bool | None = None, overlap: bool = True, gradient_as_bucket_view: bool = False,
-                 rebuild_buckets: bool = True, comm_hook: Callable | str | None = None, timing: bool = True,
+                 rebuild_buckets: bool = True, comm_hook: Callable | str | None = None, timing: bool | str = True,
                  static_graph: bool = False, forward_sync_buffers: bool | None = None, init_sync: bool = True,
                  bucket_cap_mb_list: Sequence[float] | None = None):
         super().__init__()
@@ -76,6 +77,8 @@ class DistributedDataParallel(nn.Module):
             cap = self.bucket_bytes_cap_list
         if comm_hook is not None:
             comm_hook = resolve(comm_hook)
+        if timing not in (True, False, "trace"):
+            raise ValueError(f"timing must be True, False or 'trace', got {timing!r}")
         if not (dist.is_available() and dist.is_initialized()):
             raise RuntimeError("ddp_impl.DistributedDataParallel needs an initialized process group: call "
                                "torch.distributed.init_process_group(...) first")
@@ -200,7 +203,8 @@ class DistributedDataParallel(nn.Module):
         if sync:
             reducer.check_prior_finished()
             reducer.rebuild_if_pending()
-        timing = IterationTiming(self._clock, len(reducer.buckets)) if sync and self.timing else None
+        timing = IterationTiming(self._clock, len(reducer.buckets), trace=self.timing == "trace") \
+            if sync and self.timing else None
         if self._sync_buffers_now and self.forward_sync_buffers and self.world_size > 1:
             buffers = [b.detach() for b in self.module.buffers()]  # re-read: a buffer may have been replaced
             if buffers:

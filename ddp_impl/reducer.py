@@ -243,6 +243,8 @@ class Reducer:
         b = self.bucket_of[i]
         self._pending[b] -= 1
         if self._pending[b] == 0:
+            if self.timing is not None and self.timing.bucket_ready is not None:
+                self.timing.bucket_ready[b] = self.timing.clock.stamp()
             self._buckets_left -= 1
             if self.overlap:
                 self._launch_ready()
@@ -269,13 +271,15 @@ class Reducer:
             timing.bucket_launch[b] = timing.clock.stamp()
         if self.comm_hook is None:  # in place on the ProcessGroup itself, as torch's C++ reducer does
             self._futures[b] = self._group_for(b).allreduce([self.flats[b]]).get_future()
-            return
-        state = self.comm_state
-        if isinstance(state, RoundRobinProcessGroup):
-            state = state.group_for(b)
-        bucket = GradBucket(b, self.flats[b], self._bucket_views[b], self._bucket_params[b],
-                            b == len(self.buckets) - 1)
-        self._futures[b] = self.comm_hook(state, bucket)
+        else:
+            state = self.comm_state
+            if isinstance(state, RoundRobinProcessGroup):
+                state = state.group_for(b)
+            bucket = GradBucket(b, self.flats[b], self._bucket_views[b], self._bucket_params[b],
+                                b == len(self.buckets) - 1)
+            self._futures[b] = self.comm_hook(state, bucket)
+        if timing is not None and timing.bucket_done is not None:
+            self._futures[b].add_done_callback(timing.stamp_done(b))
 
     def _launch_used_map(self) -> None:
         """Allreduce the usage bitmap; only a rank with a locally unused parameter will wait for it."""

@@ -5,6 +5,8 @@ of backward (autograd done), each bucket's launch, each bucket's finish as seen 
 bucket done during backward reads as done at backward's end: stamping on the communication thread instead costs
 a Python callback per bucket, ~1% of a ResNet50 iteration on CPU), and the end of communication. On CPU a stamp is
 the host clock; on CUDA it is an event on the current stream, resolved only when the numbers are asked for.
+Tracing (``timing="trace"`` on the DDP) adds, per bucket, when its last gradient arrived (ready; launch can be
+later, as buckets launch in order) and its true completion, stamped by a callback on the communication thread.
 Derived fields follow torch's DDP logging data (``forward_compute_time``, ``backward_compute_time``,
 ``backward_comm_time``, ``backward_compute_comm_overlap_time``; comm starts when the first bucket is launched),
 with ``_ms`` because ours are milliseconds, not torch's nanoseconds.
@@ -51,14 +53,22 @@ class IterationTiming:
     """Raw stamps of one synchronized iteration; ``as_dict()`` turns them into milliseconds."""
 
     __slots__ = ("clock", "forward_start", "forward_end", "backward_start", "backward_end", "comm_end",
-                 "bucket_launch", "bucket_finish")
+                 "bucket_launch", "bucket_finish", "bucket_ready", "bucket_done")
 
-    def __init__(self, clock, num_buckets: int):
+    def __init__(self, clock, num_buckets: int, trace: bool = False):
         self.clock = clock
         self.forward_start = clock.stamp()
         self.forward_end = self.backward_start = self.backward_end = self.comm_end = None
         self.bucket_launch = [None] * num_buckets
         self.bucket_finish = [None] * num_buckets
+        self.bucket_ready = [None] * num_buckets if trace else None  # last gradient in
+        self.bucket_done = [None] * num_buckets if trace else None  # true completion (comm thread)
+
+    def stamp_done(self, bucket: int):
+        """A future callback that stamps ``bucket``'s completion when it happens."""
+        def done(_future) -> None:
+            self.bucket_done[bucket] = self.clock.stamp()
+        return done
 
     def as_dict(self) -> dict:
         ms = self.clock.ms
@@ -72,7 +82,10 @@ class IterationTiming:
         comm_start = min(started) if started else bwd_end
         comm = comm_end - comm_start
         overlap = min(max(0.0, bwd_end - comm_start), comm)
+        traced = {} if self.bucket_ready is None else {"bucket_ready_ms": [rel(s) for s in self.bucket_ready],
+                                                        "bucket_done_ms": [rel(s) for s in self.bucket_done]}
         return {
+            **traced,
             "forward_compute_time_ms": fwd_end,
             "backward_compute_time_ms": bwd_end - bwd_start,
             "backward_comm_time_ms": comm,

@@ -1,8 +1,8 @@
 """`make bench`: is our DDP as fast as torch's C++ Reducer, and how far are both from the ideal bound?
 
-    make bench                                                   # ResNet50 + BERT-base, caps 1,5,25,100 MB
-    python -m experiments.bench --models=small --bucket_caps_mb=1,25 --iters=3 --warmup=2 --out=/tmp/bench   # seconds
-    python -m experiments.bench --help                           # every option (BenchConfig fields)
+    make bench                                       # ResNet50 + BERT-base, caps 1,5,25,100 MiB
+    python -m experiments.bench --models=small --bucket_caps_mb=1,25 --iters=3 --out=/tmp/bench   # seconds
+    python -m experiments.bench --help               # every option (BenchConfig fields)
 
 Per (model, cap): torch's DDP, ours, a second torch DDP (A/A control) and no DDP, interleaved in random order
 round by round on the same ranks; per (model, variant): peak memory. Writes ``<out>/summary.csv``,

@@ -36,11 +36,11 @@ FAULT_KINDS = ("raise", "exit", "hang")
 DEFAULT_NET = "auto"  # emulate a link where nothing real is there (spawned CPU ranks); see harness.netem
 
 
-def _field(default, check: str = "", choices: tuple = (), identity: bool = True):
-    """A field with what it accepts in its metadata: ``check`` is "positive" or "non_negative"."""
-    meta = {"check": check, "choices": choices}
-    if not identity:  # does not change what is measured, so it is left out of the point id
-        meta["identity"] = False
+def _field(default, check: str = "", choices: tuple = (), identity: bool = True, added: bool = False):
+    """A field with what it accepts in its metadata: ``check`` is "positive" or "non_negative". ``identity=False``:
+    does not change what is measured, so it is left out of the point id; ``added``: a field added after results
+    were stored, left out of the id at its default so those points keep their ids."""
+    meta = {"check": check, "choices": choices, "identity": identity, "added": added}
     return field(default=default, metadata=meta)
 
 
@@ -63,7 +63,8 @@ class TrainConfig:
     iters: int = _field(20, "positive")  # measured iterations (rows per rank)
     warmup: int = _field(5, "non_negative")  # iterations run before measuring, never stored
     seed: int = 0
-    repeat: int = _field(0, "non_negative")  # which repetition of the same point (measured again, same seed)
+    repeat: int = _field(0, "non_negative", added=True)  # which repetition of the point (again, same seed)
+    trace_buckets: bool = _field(False, added=True)  # ours only: per-bucket ready and true completion times
     lr: float = 0.01  # plain SGD
     threads_per_rank: int = _field(0, "non_negative")  # 0 = max(1, cores // ranks on this node)
     net: str = DEFAULT_NET  # loopback | RATE per rank, e.g. 1gbit (emulated link) | auto; see harness.netem
@@ -82,7 +83,7 @@ class AllreduceConfig:
     params_per_call: int = _field(1_000_000, "positive")  # k
     iters: int = _field(10, "positive")
     warmup: int = _field(2, "non_negative")
-    repeat: int = _field(0, "non_negative")
+    repeat: int = _field(0, "non_negative", added=True)
     threads_per_rank: int = _field(0, "non_negative")
     net: str = DEFAULT_NET  # loopback | RATE | auto (ResNet50's auto rate); see harness.netem
     timeout_s: float = _field(300.0, "positive", identity=False)
@@ -180,6 +181,8 @@ def validate(cfg: PointConfig) -> PointConfig:
             raise ValueError("overlap=False is only available with impl='ours' (torch's DDP always overlaps)")
         if cfg.comm_hook and cfg.impl == "local":
             raise ValueError(f"comm_hook={cfg.comm_hook!r} needs a DDP impl, got impl='local'")
+        if cfg.trace_buckets and cfg.impl != "ours":
+            raise ValueError(f"trace_buckets=True needs impl='ours' (its per-bucket timing), got {cfg.impl!r}")
     elif isinstance(cfg, ConvergenceConfig):
         if not 0 <= cfg.momentum < 1:
             raise ValueError(f"momentum must be in [0, 1), got {cfg.momentum}")
@@ -192,11 +195,11 @@ def validate(cfg: PointConfig) -> PointConfig:
 
 
 def point_id(cfg: PointConfig) -> str:
-    """Stable 12-hex-digit id of a point: hash of its type and identity fields (after :func:`resolve`).
-    ``repeat=0`` is left out, so first repetitions keep the ids they had before repetitions existed."""
+    """Stable 12-hex-digit id of a point: hash of its type and identity fields (after :func:`resolve`); fields
+    added later count only away from their default (``repeat=0`` keeps the id a point had before repetitions)."""
     cfg = resolve(cfg)
     ident = {f.name: getattr(cfg, f.name) for f in dataclasses.fields(cfg) if f.metadata.get("identity", True)
-             and not (f.name == "repeat" and cfg.repeat == 0)}
+             and not (f.metadata.get("added") and getattr(cfg, f.name) == f.default)}
     blob = json.dumps({"type": type(cfg).__name__, **ident}, sort_keys=True, default=str)
     return hashlib.sha256(blob.encode()).hexdigest()[:12]
 

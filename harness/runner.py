@@ -75,6 +75,8 @@ def wrap_model(model: torch.nn.Module, cfg: TrainConfig, ctx: RankContext) -> to
                overlap=cfg.overlap, round_robin_groups=cfg.round_robin_groups, comm_hook=cfg.comm_hook)
     if cfg.impl == "torch":
         ddp._set_ddp_runtime_logging_sample_rate(1)
+    if cfg.trace_buckets:
+        ddp.timing = "trace"
     return ddp
 
 
@@ -156,8 +158,10 @@ class _Breakdown:
                    ddp_overlap_ms=t["backward_compute_comm_overlap_time_ms"],
                    backward_compute_ms=t["backward_compute_time_ms"],
                    backward_comm_exposed_ms=t["exposed_comm_time_ms"], breakdown_source="ours")
-        buckets = {"launch_ms": [round(x, 4) for x in t.get("bucket_launch_ms", [])],
-                   "finish_ms": [round(x, 4) for x in t.get("bucket_finish_ms", [])]}
+        stamps = {"ready_ms": "bucket_ready_ms", "launch_ms": "bucket_launch_ms", "done_ms": "bucket_done_ms",
+                  "finish_ms": "bucket_finish_ms", "forward_end_ms": "forward_compute_time_ms",
+                  "backward_start_ms": "backward_start_ms", "backward_end_ms": "backward_end_ms"}
+        buckets = {k: _round(t[name]) for k, name in stamps.items() if name in t}
         out["bucket_times_json"] = json.dumps(buckets, separators=(",", ":"))
         return out
 
@@ -171,6 +175,10 @@ def machine_metadata() -> dict:
     gpu = torch.cuda.get_device_name(0) if torch.cuda.is_available() else ""
     return dict(hostname=socket.gethostname(), cpu=cpu, cores=os.cpu_count(), gpu=gpu,
                 torch_version=torch.__version__)
+
+
+def _round(value):
+    return [None if x is None else round(x, 4) for x in value] if isinstance(value, list) else round(value, 4)
 
 
 def rank_metadata(ctx: RankContext) -> dict:

@@ -23,6 +23,11 @@ def test_unknown_comm_hook():
         DistributedDataParallel(torch.nn.Linear(2, 2), comm_hook="int4")
 
 
+def test_unknown_timing_mode():
+    with pytest.raises(ValueError, match="timing must be True, False or 'trace', got 'always'"):
+        DistributedDataParallel(torch.nn.Linear(2, 2), timing="always")
+
+
 def test_nccl_with_cpu_tensors():
     named = list(torch.nn.Linear(2, 2).named_parameters())
     with pytest.raises(ValueError, match="NCCL backend needs CUDA tensors, but parameter weight is on cpu"):
