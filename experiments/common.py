@@ -257,12 +257,16 @@ def paired_ratios(per_repeat: pd.Series, option, reference) -> np.ndarray:
 
 
 def best_options(per_repeat: pd.Series) -> tuple[object, list]:
-    """The option (first index level) with the lowest median latency, and every option not worse than it
-    beyond the noise: the 95% interval of its per-repetition ratio to the best reaches 1 (with one repetition
-    there is no noise to judge by, so only the best)."""
+    """The option (first index level) with the lowest median latency, and every option not worse than it beyond
+    the noise: the 95% interval of its per-repetition ratio to the best reaches 1 + the noise, the half-width
+    of the best's own interval over repetitions relative to its median (a difference smaller than the spread
+    between repetitions is not resolved). With one repetition there is no noise to judge by: only the best."""
     center = per_repeat.groupby(level=0).median()
     best = center.idxmin()
-    tied = [o for o in center.index if o == best or spread(paired_ratios(per_repeat, o, best)).lo <= 1.0]
+    mine = spread(per_repeat.xs(best))
+    noise = (mine.hi - mine.lo) / 2 / mine.center
+    tied = [o for o in center.index
+            if o == best or spread(paired_ratios(per_repeat, o, best)).lo <= 1.0 + noise]
     return best, tied
 
 
