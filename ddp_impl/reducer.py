@@ -323,6 +323,10 @@ class Reducer:
                         timing.bucket_finish[b] = now
                     else:
                         timing.bucket_finish[b] = timing.comm_end = timing.clock.stamp()
+                    if timing.bucket_done is not None and timing.bucket_done[b] is None:
+                        # the completion callback runs just after the future is marked done and may not have
+                        # run yet: the wait's own stamp is then the closest bound
+                        timing.bucket_done[b] = timing.bucket_finish[b]
                 if isinstance(value, list):  # a collective's own future: [reduced tensor]
                     value = value[0]
                 if value is not self.flats[b]:

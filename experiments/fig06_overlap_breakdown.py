@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from experiments import common
+from experiments import common, verdicts
 from harness import TrainConfig
 
 FIGURE = "fig6"
@@ -61,13 +61,13 @@ def _medians(df, cfg: Config):
 def speedups(df, cfg: Config) -> dict:
     """(model, backend) -> overlap speedup in percent (non-overlapping / overlapping latency - 1) with its
     spread: one ratio per repetition, the two measured in the same interleaved pass."""
-    per_repeat = common.repeat_medians(_selected(df, cfg), ["model", "backend", "overlap"])
+    per_repeat = verdicts.repeat_medians(_selected(df, cfg), ["model", "backend", "overlap"])
     out = {}
     for (model, backend), s in per_repeat.groupby(level=[0, 1]):
         s = s.droplevel([0, 1])
         if {True, False} <= set(s.index.get_level_values(0)):
-            ratios = 100 * (common.paired_ratios(s, False, True) - 1)
-            out[(model, backend)] = common.spread(ratios)
+            ratios = 100 * (verdicts.paired_ratios(s, False, True) - 1)
+            out[(model, backend)] = verdicts.spread(ratios)
     return out
 
 
@@ -118,6 +118,6 @@ def summarize(df, cfg: Config) -> str:
     return "\n".join(lines) or "no results"
 
 
-def claims(df, cfg: Config) -> list[common.Claim]:
-    return [common.Claim(FIGURE, f"overlap speedup, {m}/{b}", "%", PAPER["speedup_pct"].get((m, b)), gain)
+def claims(df, cfg: Config) -> list[verdicts.Claim]:
+    return [verdicts.Claim(FIGURE, f"overlap speedup, {m}/{b}", "%", PAPER["speedup_pct"].get((m, b)), gain)
             for (m, b), gain in sorted(speedups(df, cfg).items())]

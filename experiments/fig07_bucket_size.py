@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from experiments import common
+from experiments import common, verdicts
 from harness import TrainConfig
 
 FIGURE = "fig7"
@@ -45,7 +45,7 @@ def repeat_medians(df, cfg: Config):
     """Per (model, backend, bucket cap, repetition): the repetition's median latency."""
     ok = common.ok_rows(df, net=cfg.net)
     ok = ok[ok["model"].isin(cfg.models) & (ok["world_size"] == cfg.world_size)]
-    return common.repeat_medians(ok, ["model", "backend", "bucket_cap_mb"])
+    return verdicts.repeat_medians(ok, ["model", "backend", "bucket_cap_mb"])
 
 
 def plot(df, cfg: Config):
@@ -69,16 +69,17 @@ def draw(df, cfg: Config, name: str, paper: dict):
                          f"{paper['setup']}; {paper['claim']}", ok, common.BOXES_NOTE, unavailable=unavailable)
 
 
-def verdicts(df, cfg: Config) -> dict:
+def bucket_verdicts(df, cfg: Config) -> dict:
     """(model, backend) -> the best cap, the caps not worse than it beyond the noise, the worst cap, the best
     cap's latency and best vs worst (a Spread over repetitions, each pair measured in the same pass)."""
     out = {}
     for (model, backend), series in repeat_medians(df, cfg).groupby(level=[0, 1]):
         per_cap = series.droplevel([0, 1])
-        best, tied = common.best_options(per_cap)
+        best, tied = verdicts.best_options(per_cap)
         worst = per_cap.groupby(level=0).median().idxmax()
-        out[(model, backend)] = dict(best=best, tied=sorted(tied), worst=worst, best_ms=common.spread(per_cap.xs(best)),
-                                     gain=common.spread(common.paired_ratios(per_cap, worst, best)))
+        out[(model, backend)] = dict(best=best, tied=sorted(tied), worst=worst,
+                                     best_ms=verdicts.spread(per_cap.xs(best)),
+                                     gain=verdicts.spread(verdicts.paired_ratios(per_cap, worst, best)))
     return out
 
 
@@ -86,11 +87,11 @@ def summarize(df, cfg: Config) -> str:
     claim = PAPER["best_vs_worst_speedup"]
     lines = [f"{model}/{backend}: best cap {common.fmt_mb(v['best'])} MiB, {v['best_ms'].fmt()}; not worse beyond "
              f"the noise: {', '.join(common.fmt_mb(c) for c in v['tied'])} MiB; worst {common.fmt_mb(v['worst'])} MiB; "
-             f"best vs worst {v['gain'].fmt('x', 2)} (paper: >{claim:.0f}x, {common.verdict(v['gain'], claim)})"
-             for (model, backend), v in verdicts(df, cfg).items()]
+             f"best vs worst {v['gain'].fmt('x', 2)} (paper: >{claim:.0f}x, {verdicts.verdict(v['gain'], claim)})"
+             for (model, backend), v in bucket_verdicts(df, cfg).items()]
     return "\n".join(lines) or "no results"
 
 
-def claims(df, cfg: Config, name: str = FIGURE) -> list[common.Claim]:
-    return [common.Claim(name, f"best vs worst bucket cap, {m}/{b}", "x", PAPER["best_vs_worst_speedup"],
-                         v["gain"]) for (m, b), v in verdicts(df, cfg).items()]
+def claims(df, cfg: Config, name: str = FIGURE) -> list[verdicts.Claim]:
+    return [verdicts.Claim(name, f"best vs worst bucket cap, {m}/{b}", "x", PAPER["best_vs_worst_speedup"],
+                           v["gain"]) for (m, b), v in bucket_verdicts(df, cfg).items()]

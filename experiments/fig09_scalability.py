@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from experiments import common
+from experiments import common, verdicts
 from harness import TrainConfig
 
 FIGURE = "fig9"
@@ -71,7 +71,7 @@ def plot(df, cfg: Config):
 def summarize(df, cfg: Config) -> str:
     """Per model and backend: DDP latency at the fewest and most ranks (with spread over repetitions), and how
     much of the growth is compute slowed by sharing the machine (no-DDP latency) vs communication."""
-    per_repeat = common.repeat_medians(_selected(df, cfg), ["model", "backend", "impl", "world_size"])
+    per_repeat = verdicts.repeat_medians(_selected(df, cfg), ["model", "backend", "impl", "world_size"])
     lines = []
     for (model, backend), s in per_repeat.groupby(level=[0, 1]):
         s = s.droplevel([0, 1])
@@ -80,11 +80,11 @@ def summarize(df, cfg: Config) -> str:
         ddp = s.xs(cfg.impl)
         sizes = sorted(set(ddp.index.get_level_values(0)))
         lo, hi = sizes[0], sizes[-1]
-        first, last = common.spread(ddp.xs(lo)), common.spread(ddp.xs(hi))
+        first, last = verdicts.spread(ddp.xs(lo)), verdicts.spread(ddp.xs(hi))
         line = (f"{model}/{backend}: {first.fmt()} at {lo} rank(s) -> {last.fmt()} at {hi} "
                 f"(weak-scaling efficiency {100 * first.center / last.center:.0f}%)")
         if "local" in s.index.get_level_values(0) and {lo, hi} <= set(s.xs("local").index.get_level_values(0)):
-            local = {n: common.spread(s.xs("local").xs(n)).center for n in (lo, hi)}
+            local = {n: verdicts.spread(s.xs("local").xs(n)).center for n in (lo, hi)}
             line += (f"; of the {last.center - first.center:.0f} ms growth, compute without DDP grew "
                      f"{local[hi] - local[lo]:.0f} ms and DDP's communication at {hi} ranks adds "
                      f"{last.center - local[hi]:.0f} ms over no DDP")

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from experiments import common
+from experiments import common, verdicts
 from harness import TrainConfig
 
 FIGURE = "fig10"
@@ -49,9 +49,9 @@ def _selected(df, cfg: Config):
 def _repeat_values(sel):
     """Per (world size, n, repetition): the amortized mean, and the medians of synced and skipped iterations."""
     keys = ["world_size", "sync_every"]
-    return {"amortized (mean of all)": common.repeat_medians(sel, keys, agg="mean"),
-            "synchronized iterations": common.repeat_medians(sel[sel["synced"].astype(bool)], keys),
-            "skipped (no_sync) iterations": common.repeat_medians(sel[~sel["synced"].astype(bool)], keys)}
+    return {"amortized (mean of all)": verdicts.repeat_medians(sel, keys, agg="mean"),
+            "synchronized iterations": verdicts.repeat_medians(sel[sel["synced"].astype(bool)], keys),
+            "skipped (no_sync) iterations": verdicts.repeat_medians(sel[~sel["synced"].astype(bool)], keys)}
 
 
 def plot(df, cfg: Config):
@@ -69,7 +69,7 @@ def plot(df, cfg: Config):
                 xs, centers, errs = [], [], [[], []]
                 for i, n in enumerate(ns):
                     if (ws, n) in per_repeat.droplevel(-1).index:
-                        sp = common.spread(per_repeat.xs((ws, n)))
+                        sp = verdicts.spread(per_repeat.xs((ws, n)))
                         xs.append(i - 0.4 + width * (j + 0.5))
                         centers.append(sp.center)
                         errs[0].append(sp.center - sp.lo)
@@ -91,15 +91,15 @@ def plot(df, cfg: Config):
 def _savings(df, cfg: Config) -> dict:
     """(model, backend, world size) -> (amortized latency per n, saving of the largest n vs n = 1 in percent),
     Spreads over repetitions (the two of a saving measured in the same interleaved pass)."""
-    per_repeat = common.repeat_medians(_selected(df, cfg), ["model", "backend", "world_size", "sync_every"],
+    per_repeat = verdicts.repeat_medians(_selected(df, cfg), ["model", "backend", "world_size", "sync_every"],
                                        agg="mean")
     out = {}
     for key, s in per_repeat.groupby(level=[0, 1, 2]):
         s = s.droplevel([0, 1, 2])
         ns = sorted(set(s.index.get_level_values(0)))
-        saving = (ns[-1], common.spread(100 * (1 - common.paired_ratios(s, ns[-1], 1)))) \
+        saving = (ns[-1], verdicts.spread(100 * (1 - verdicts.paired_ratios(s, ns[-1], 1)))) \
             if 1 in ns and len(ns) > 1 else None
-        out[key] = ({n: common.spread(s.xs(n)) for n in ns}, saving)
+        out[key] = ({n: verdicts.spread(s.xs(n)) for n in ns}, saving)
     return out
 
 
@@ -113,6 +113,6 @@ def summarize(df, cfg: Config) -> str:
     return "\n".join(lines) or "no results"
 
 
-def claims(df, cfg: Config) -> list[common.Claim]:
-    return [common.Claim(FIGURE, f"n={saving[0]} vs n=1 amortized saving, {m}/{b}, {ws} ranks", "%", None,
-                         saving[1]) for (m, b, ws), (_, saving) in _savings(df, cfg).items() if saving]
+def claims(df, cfg: Config) -> list[verdicts.Claim]:
+    return [verdicts.Claim(FIGURE, f"n={saving[0]} vs n=1 amortized saving, {m}/{b}, {ws} ranks", "%", None,
+                           saving[1]) for (m, b, ws), (_, saving) in _savings(df, cfg).items() if saving]

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from experiments import common
+from experiments import common, verdicts
 from harness import TrainConfig
 
 FIGURE = "fig12"
@@ -57,13 +57,13 @@ def plot(df, cfg: Config):
 
 def _gains(df, cfg: Config) -> dict:
     """(model, backend) -> per k: latency and speedup over k = 1 (Spreads over repetitions)."""
-    per_repeat = common.repeat_medians(_selected(df, cfg), ["model", "backend", "round_robin_groups"])
+    per_repeat = verdicts.repeat_medians(_selected(df, cfg), ["model", "backend", "round_robin_groups"])
     out = {}
     for (model, backend), s in per_repeat.groupby(level=[0, 1]):
         s = s.droplevel([0, 1])
         ks = sorted(set(s.index.get_level_values(0)))
-        out[(model, backend)] = {k: (common.spread(s.xs(k)),
-                                     common.spread(common.paired_ratios(s, 1, k)) if 1 in ks else None) for k in ks}
+        out[(model, backend)] = {k: (verdicts.spread(s.xs(k)),
+                                     verdicts.spread(verdicts.paired_ratios(s, 1, k)) if 1 in ks else None) for k in ks}
     return out
 
 
@@ -76,6 +76,6 @@ def summarize(df, cfg: Config) -> str:
     return "\n".join(lines) or "no results"
 
 
-def claims(df, cfg: Config) -> list[common.Claim]:
-    return [common.Claim(FIGURE, f"k={k} vs k=1 round-robin groups, {m}/{b}", "x", None, gain)
+def claims(df, cfg: Config) -> list[verdicts.Claim]:
+    return [verdicts.Claim(FIGURE, f"k={k} vs k=1 round-robin groups, {m}/{b}", "x", None, gain)
             for (m, b), per_k in _gains(df, cfg).items() for k, (_, gain) in per_k.items() if gain and k == max(per_k)]
