@@ -124,14 +124,13 @@ def run_sweep(experiment: str, points: Sequence[PointConfig], *, root: str | os.
             print(f"[{experiment}] skipping {len(skipped)} point(s) whose world_size != WORLD_SIZE={world}")
         unique = {pid: p for pid, p in unique.items() if pid not in skipped}
     pending = _pending(experiment, list(unique), root, retry_errors)
-    if not dry_run:
-        preflight(unique[pid] for pid in pending)  # the machine, once: GPUs, namespaces, data on disk
     if dry_run:
         plan = pd.DataFrame([{"point_id": pid, "status": "pending" if pid in pending else "stored",
                               **config_columns(p)} for pid, p in unique.items()])
         with pd.option_context("display.width", 200, "display.max_columns", 12):
             print(plan.to_string(index=False) if len(plan) else "no points")
         return plan
+    preflight(unique[pid] for pid in pending)  # the machine, once: GPUs, namespaces, data on disk
     writer = True
     if in_place() and unique:
         first = next(iter(unique.values()))
