@@ -82,6 +82,15 @@ def split_backends(backends, world_size: int) -> tuple[list[str], dict[str, str]
     return usable, unavailable
 
 
+def missing_backends(rows: pd.DataFrame, backends, world_size: int) -> dict[str, str]:
+    """The requested backends with no stored rows that this machine cannot run either, and why: they get no
+    panel, only a caption line. Stored rows always show, whatever machine draws them (NCCL results plotted on a
+    CPU-only machine keep their panels)."""
+    _, unavailable = split_backends(backends, world_size)
+    stored = set(rows["backend"]) if len(rows) and "backend" in rows.columns else set()
+    return {b: why for b, why in unavailable.items() if b not in stored}
+
+
 def ok_rows(df: pd.DataFrame, synced_only: bool = True, net: str | None = None) -> pd.DataFrame:
     """Measured rows of successful points (failed points are stored as a single row with ``error``);
     with ``net``, only those measured over that network (see :func:`for_net`)."""

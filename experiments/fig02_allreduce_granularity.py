@@ -60,7 +60,7 @@ def _split(df, cfg: Config):
 
 def plot(df, cfg: Config):
     comm, compute = _split(df, cfg)
-    _, unavailable = common.split_backends(cfg.backends, max(cfg.world_sizes))
+    unavailable = common.missing_backends(comm, cfg.backends, max(cfg.world_sizes))
     backends = common.shown_backends(cfg.backends, unavailable)
     fig, axes = common.grid([""], backends)
     for c, backend in enumerate(backends):

@@ -74,7 +74,7 @@ def speedups(df, cfg: Config) -> dict:
 def plot(df, cfg: Config):
     med = _medians(df, cfg)
     gains = speedups(df, cfg)
-    _, unavailable = common.split_backends(cfg.backends, cfg.world_size)
+    unavailable = common.missing_backends(_selected(df, cfg), cfg.backends, cfg.world_size)
     backends = common.shown_backends(cfg.backends, unavailable)
     fig, axes = common.grid([""], backends, width=1.6 + 2.2 * len(cfg.models), height=4.2)
     colors = ("#4C72B0", "#55A868", "#C44E52", "#8172B2", "0.7")

@@ -56,7 +56,7 @@ def draw(df, cfg: Config, name: str, paper: dict):
     """Shared with Figure 8, which is this figure at a larger world size."""
     ok = common.ok_rows(df, net=cfg.net)
     ok = ok[ok["world_size"] == cfg.world_size]
-    _, unavailable = common.split_backends(cfg.backends, cfg.world_size)
+    unavailable = common.missing_backends(ok, cfg.backends, cfg.world_size)
 
     def draw(ax, sel, model, backend):
         common.latency_boxes(ax, sel, "bucket_cap_mb", common.fmt_mb)

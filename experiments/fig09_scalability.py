@@ -47,7 +47,7 @@ def _selected(df, cfg: Config):
 
 def plot(df, cfg: Config):
     ok = _selected(df, cfg)
-    _, unavailable = common.split_backends(cfg.backends, max(cfg.world_sizes))
+    unavailable = common.missing_backends(ok, cfg.backends, max(cfg.world_sizes))
 
     def draw(ax, sel, model, backend):
         common.median_lines(ax, sel, "world_size", "total_ms", "impl",

@@ -56,7 +56,7 @@ def _repeat_values(sel):
 
 def plot(df, cfg: Config):
     ok = _selected(df, cfg)
-    _, unavailable = common.split_backends(cfg.backends, max(cfg.world_sizes))
+    unavailable = common.missing_backends(ok, cfg.backends, max(cfg.world_sizes))
     styles = {"amortized (mean of all)": dict(marker="o", ms=6), "synchronized iterations": dict(marker="^", ms=5,
               mfc="none"), "skipped (no_sync) iterations": dict(marker="v", ms=5, mfc="none")}
 

@@ -44,7 +44,7 @@ def _selected(df, cfg: Config):
 
 def plot(df, cfg: Config):
     ok = _selected(df, cfg)
-    _, unavailable = common.split_backends(cfg.backends, cfg.world_size)
+    unavailable = common.missing_backends(ok, cfg.backends, cfg.world_size)
 
     def draw(ax, sel, model, backend):
         common.latency_boxes(ax, sel, "round_robin_groups")

@@ -2,6 +2,7 @@
 import dataclasses
 from pathlib import Path
 
+import pandas as pd
 import pytest
 from PIL import Image
 
@@ -59,6 +60,20 @@ def test_repetitions_run_in_seeded_interleaved_passes(results_dir):
     assert sorted(caps[0]) == sorted(caps[1]) == [0, 25]
     summary = drivers()["fig7"].summarize(df, stored_config(drivers()["fig7"], results_dir))
     assert "[" in summary and "not worse beyond the noise" in summary  # an interval from 2 repetitions
+
+
+def test_stored_nccl_rows_keep_their_panels_on_a_machine_without_gpus(results_dir):
+    driver = drivers()["fig7"]
+    df = load_results("fig7", results_dir)
+    cfg = stored_config(driver, results_dir)
+    as_nccl = df.assign(backend="nccl", point_id=df["point_id"] + "-nccl")  # as if measured on a GPU cluster
+    fig = driver.plot(pd.concat([df, as_nccl], ignore_index=True), cfg)
+    titles = {ax.get_title().split(" (")[0] for ax in fig.axes}
+    assert {"small / gloo", "small / nccl"} <= titles
+    assert "NCCL unavailable" not in " ".join(t.get_text() for t in fig.texts)
+    fig = driver.plot(df, cfg)  # no NCCL rows and no GPU: no panel, one caption line says why
+    assert "NCCL unavailable" in " ".join(t.get_text() for t in fig.texts)
+    assert not any("nccl" in ax.get_title() for ax in fig.axes)
 
 
 def test_plots_redraws_from_stored_csvs_without_running(results_dir, monkeypatch):
