@@ -79,11 +79,12 @@ def report(driver, root=None) -> str:
 def draw_claims(root=None) -> Path | None:
     """``results/figures/claims.png``: every reproduced number (with its spread over repetitions) beside the
     paper's value where the paper gives one, one panel per unit; prints the same as a table."""
-    found = []
+    found, frames = [], []
     for driver in drivers().values():
         df = load_results(driver.FIGURE, root)
         if hasattr(driver, "claims") and not df.empty:
             found += driver.claims(df, stored_config(driver, root))
+            frames.append(df)
     if not found:
         print("[claims] no stored results yet; run a figure first (`make fig7`)")
         return None
@@ -106,8 +107,8 @@ def draw_claims(root=None) -> Path | None:
     rows = pd.DataFrame([dict(figure=c.figure, what=c.what, paper=c.paper, measured=c.measured.fmt(c.unit, 2))
                          for c in found])
     print(rows.to_string(index=False))
-    all_rows = pd.concat([load_results(d.FIGURE, root) for d in drivers().values()], ignore_index=True)
-    common.finish(fig, "Measured here vs the paper", "red diamonds (claims of a shape only have none)", all_rows)
+    common.finish(fig, "Measured here vs the paper", "red diamonds (claims of a shape only have none)",
+                  pd.concat(frames, ignore_index=True))
     path = common.save(fig, "claims", root)
     print(f"[claims] wrote {path} (and .pdf)")
     return path
