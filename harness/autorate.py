@@ -14,7 +14,7 @@ import torch
 
 from harness.env import ranks_on_this_node
 from harness.launch import launch, threads_per_rank
-from harness.models import build_model, compute_loss, input_spec, make_inputs
+from harness.models import compute_loss, input_spec, make_inputs, seeded_model
 from harness.rate import parse_rate
 
 AUTO_MODEL = "resnet50"  # auto's reference model for points without a model (allreduce microbenchmark)
@@ -25,8 +25,7 @@ _backward_cache: dict[tuple, dict] = {}  # (model, profile, batch, threads, rank
 
 def _time_backward(ctx, model_name: str, profile: str, batch_size: int) -> dict:
     """One rank's backward times of ``model_name`` without DDP, and its gradient bytes (a launch fn)."""
-    torch.manual_seed(0)
-    model = build_model(model_name).to(ctx.device)
+    model = seeded_model(model_name, 0).to(ctx.device)
     inputs = make_inputs(model_name, input_spec(model_name, profile, batch_size), ctx.device)
     times = []
     for it in range(AUTO_WARMUP + AUTO_ITERS):

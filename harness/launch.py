@@ -6,7 +6,8 @@
 * Spawned (RANK not set): one process per rank on this machine (``spawn`` start method). The parent hosts
   the rendezvous TCPStore on a kernel-chosen free port, so there is no port race. Each rank puts its result
   or traceback on a queue; the parent fails the launch (and terminates the other ranks) as soon as one rank
-  reports an error or dies without reporting, so a crashed rank never hangs the parent.
+  reports an error or dies without reporting, so a crashed rank never hangs the parent. A :class:`RankPool`
+  keeps such ranks alive for many launches (a sweep's points): ``launch`` is a pool used once.
 * In place (RANK set, e.g. ``torchrun``/SLURM): env:// rendezvous (RANK, WORLD_SIZE, LOCAL_RANK,
   MASTER_ADDR/PORT); ``fn`` runs in this process and results are all-gathered, so every rank gets the list.
   The default process group is created once and reused by later launches in the same job.
@@ -20,6 +21,7 @@ and records it in ``ctx.num_threads``. NCCL ranks use GPU ``local_rank``.
 from __future__ import annotations
 
 import datetime
+import gc
 import multiprocessing
 import os
 import queue
@@ -108,16 +110,23 @@ def _make_context(rank, world_size, local_rank, local_world_size, backend, timeo
     return RankContext(rank, world_size, local_rank, backend, device, num_threads, timeout_s, group)
 
 
-def _worker(rank, world_size, backend, port, fn, args, timeout_s, threads, results) -> None:
+def _pool_worker(rank, world_size, backend, port, timeout_s, threads, tasks, results) -> None:
+    """One rank of a :class:`RankPool`: set up once, then run each task that arrives until told to stop."""
     try:
         os.environ.update(LOCAL_RANK=str(rank), LOCAL_WORLD_SIZE=str(world_size))
         ctx = _make_context(rank, world_size, rank, world_size, backend, timeout_s, threads)
         timeout = datetime.timedelta(seconds=timeout_s)
         store = dist.TCPStore("127.0.0.1", port, world_size, is_master=False, timeout=timeout)
         dist.init_process_group(backend, store=store, rank=rank, world_size=world_size, timeout=timeout)
-        results.put((rank, "ok", fn(ctx, *args)))
-    except BaseException:  # noqa: BLE001 - everything goes back to the parent
-        results.put((rank, "error", traceback.format_exc()))
+        while (task := tasks.get()) is not None:
+            task_id, fn, args = task
+            try:
+                results.put((rank, task_id, "ok", fn(ctx, *args)))
+            except BaseException:  # noqa: BLE001 - everything goes back to the parent, which ends the pool
+                results.put((rank, task_id, "error", traceback.format_exc()))
+            gc.collect()  # the task's model and DDP (reference cycles) go before the next task is timed
+    except BaseException:  # noqa: BLE001 - set-up failed: every task of this pool fails with it
+        results.put((rank, None, "error", traceback.format_exc()))
     finally:
         if dist.is_initialized():
             dist.destroy_process_group()
@@ -134,30 +143,84 @@ def _terminate(procs) -> None:
             p.join(timeout=5)
 
 
-def _spawn(fn, world_size, backend, args, timeout_s, threads, deadline_s) -> list:
-    mp = multiprocessing.get_context("spawn")
-    results = mp.Queue()
-    timeout = datetime.timedelta(seconds=timeout_s)
-    store = dist.TCPStore("127.0.0.1", 0, world_size + 1, is_master=True, timeout=timeout, wait_for_workers=False)
-    procs = [
-        mp.Process(target=_worker, args=(r, world_size, backend, store.port, fn, args, timeout_s, threads, results),
-                   daemon=True, name=f"rank{r}")
-        for r in range(world_size)
-    ]
-    for p in procs:
-        p.start()
-    start = time.monotonic()
-    outputs: dict[int, Any] = {}
-    errors: dict[int, str] = {}
-    dead_since: dict[int, float] = {}
-    first_done = None
-    try:
+class RankPool:
+    """``world_size`` spawned ranks kept alive across launches, so a sweep's points pay process start, imports
+    and process-group set-up once instead of once each (most of a short point's time on a small machine).
+
+    Each :meth:`run` sends ``fn`` and its arguments to every rank and waits as :func:`launch` does. Any failure
+    (a rank raises, dies, hangs past the deadline) ends the pool, since peers may be stuck in a collective;
+    the next :meth:`run` starts fresh ranks. Use as a context manager, or :meth:`close` it.
+    """
+
+    def __init__(self, world_size: int, backend: str = "gloo", *, timeout_s: float = 300.0, threads: int = 0):
+        self.world_size, self.backend, self.timeout_s, self.threads = world_size, backend, timeout_s, threads
+        self._procs: list = []
+        self._tasks = 0
+
+    def __enter__(self) -> "RankPool":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    def _start(self) -> None:
+        mp = multiprocessing.get_context("spawn")
+        self._results, self._queues = mp.Queue(), [mp.Queue() for _ in range(self.world_size)]
+        timeout = datetime.timedelta(seconds=self.timeout_s)
+        self._store = dist.TCPStore("127.0.0.1", 0, self.world_size + 1, is_master=True, timeout=timeout,
+                                    wait_for_workers=False)
+        self._procs = [mp.Process(target=_pool_worker, daemon=True, name=f"rank{r}",
+                                  args=(r, self.world_size, self.backend, self._store.port, self.timeout_s,
+                                        self.threads, self._queues[r], self._results))
+                       for r in range(self.world_size)]
+        for p in self._procs:
+            p.start()
+
+    def close(self) -> None:
+        """Stop the ranks (politely when they are idle, by force after 5 s)."""
+        if not self._procs:
+            return
+        for q in self._queues:
+            q.put(None)
+        deadline = time.monotonic() + 5
+        for p in self._procs:
+            p.join(timeout=max(0.0, deadline - time.monotonic()))
+        _terminate(self._procs)
+        self._procs = []
+        del self._store
+
+    def run(self, fn: Callable[..., Any], args: Sequence = (), deadline_s: float | None = None) -> list:
+        """``fn(ctx, *args)`` on every rank; the results by rank, or :class:`LaunchError` (and the pool ends)."""
+        if not self._procs:
+            self._start()
+        self._tasks += 1
+        task_id = self._tasks
+        for q in self._queues:
+            q.put((task_id, fn, tuple(args)))
+        try:
+            outputs, errors = self._collect(task_id, deadline_s)
+        except BaseException:
+            self.close()
+            raise
+        if errors:
+            self.close()
+            detail = "\n".join(f"--- rank {r} ---\n{msg.rstrip()}" for r, msg in sorted(errors.items()))
+            raise LaunchError(f"{len(errors)} of {self.world_size} rank(s) failed ({self.backend}):\n{detail}")
+        return [outputs[r] for r in range(self.world_size)]
+
+    def _collect(self, task_id: int, deadline_s: float | None) -> tuple[dict, dict]:
+        world_size, timeout_s = self.world_size, self.timeout_s
+        start = time.monotonic()
+        outputs: dict[int, Any] = {}
+        errors: dict[int, str] = {}
+        dead_since: dict[int, float] = {}
+        first_done = None
         while len(outputs) < world_size and not errors:
             try:
-                rank, status, payload = results.get(timeout=0.2)
+                rank, done_id, status, payload = self._results.get(timeout=0.2)
             except queue.Empty:
                 now = time.monotonic()
-                for r, p in enumerate(procs):
+                for r, p in enumerate(self._procs):
                     if r not in outputs and p.exitcode is not None:
                         if now - dead_since.setdefault(r, now) > _DEAD_GRACE_S:
                             errors[r] = f"rank {r} exited with code {p.exitcode} without reporting a result"
@@ -170,18 +233,14 @@ def _spawn(fn, world_size, backend, args, timeout_s, threads, deadline_s) -> lis
                     errors.update({r: f"rank {r} still running {timeout_s:.0f} s after rank(s) "
                                       f"{sorted(outputs)} finished" for r in range(world_size) if r not in outputs})
                 continue
+            if done_id not in (task_id, None):
+                continue  # cannot happen while every failure ends the pool; ignored rather than misfiled
             if status == "ok":
                 outputs[rank] = payload
                 first_done = first_done or time.monotonic()
             else:
                 errors[rank] = payload
-    finally:
-        _terminate(procs)
-        del store
-    if errors:
-        detail = "\n".join(f"--- rank {r} ---\n{msg.rstrip()}" for r, msg in sorted(errors.items()))
-        raise LaunchError(f"{len(errors)} of {world_size} rank(s) failed ({backend}):\n{detail}")
-    return [outputs[r] for r in range(world_size)]
+        return outputs, errors
 
 
 def init_in_place(backend: str, timeout_s: float) -> None:
@@ -255,4 +314,5 @@ def launch(fn: Callable[..., Any], world_size: int, backend: str = "gloo", *, ar
     if env.in_place():
         return _run_in_place(fn, world_size, backend, args, timeout_s, threads)
     sys.stdout.flush()
-    return _spawn(fn, world_size, backend, args, timeout_s, threads, deadline_s)
+    with RankPool(world_size, backend, timeout_s=timeout_s, threads=threads) as pool:
+        return pool.run(fn, args, deadline_s)

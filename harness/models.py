@@ -13,6 +13,7 @@ data generation is never timed.
 """
 from __future__ import annotations
 
+import copy
 from dataclasses import dataclass
 
 import torch
@@ -79,6 +80,22 @@ def build_model(name: str) -> nn.Module:
 
         return BertForPreTraining(bert_config(name))
     raise ValueError(f"unknown model {name!r}; choose one of {list(MODELS)}")
+
+
+_built: dict[tuple[str, int], tuple[nn.Module, torch.Tensor]] = {}
+
+
+def seeded_model(name: str, seed: int) -> nn.Module:
+    """A new copy of the model ``torch.manual_seed(seed)`` then :func:`build_model` gives, with torch's random
+    state left as that build leaves it. Each model is built once per process and copied afterwards: a pool's
+    ranks run many points, and building BERT-base's random weights takes seconds, copying them a tenth."""
+    if (name, seed) not in _built:
+        torch.manual_seed(seed)
+        model = build_model(name)
+        _built[(name, seed)] = model, torch.get_rng_state()
+    model, state = _built[(name, seed)]
+    torch.set_rng_state(state)
+    return copy.deepcopy(model)
 
 
 def input_spec(name: str, profile: str, batch_size: int = 0) -> InputSpec:

@@ -10,12 +10,12 @@ that is slower than memory and does not burn the compute's cores. ``net`` (a fie
                          backward (the regime of the paper's Figure 2), measured here on the point's ranks
                          without DDP (:mod:`harness.autorate`); cached per model/profile/batch/threads/ranks
 
-How: ``launch_in_namespace(fn, ..., rate_mbit=R)`` (the sweep's choice for such points) runs
-``unshare -rn <python> -c <_helper> REQUEST RESULT``: a helper in a new user+network namespace brings its
-``lo`` up, shapes it with ``tc qdisc add dev lo root tbf rate <world_size x R> burst <B> limit <L>`` and runs
-the normal spawned launch, whose ranks inherit the namespace. ``fn`` travels by import name and its arguments
-as JSON (plain values and dataclasses); per-rank results come back as JSON in RESULT (tuples come back as
-lists). Nothing is pickled and the host's network is never touched: the namespace, its ``lo`` and qdisc
+How: a :class:`NamespacePool` (the sweep keeps one per network and rank count; ``launch_in_namespace`` uses
+one once) runs ``unshare -rn <python> -c <_helper>``: a helper in a new user+network namespace brings its
+``lo`` up, shapes it with ``tc qdisc add dev lo root tbf rate <world_size x R> burst <B> limit <L>`` and keeps
+a :class:`~harness.launch.RankPool` whose ranks inherit the namespace. Requests travel as JSON lines: ``fn`` by
+import name, its arguments as plain values and dataclasses; per-rank results come back as JSON (tuples come back
+as lists). Nothing is pickled and the host's network is never touched: the namespace, its ``lo`` and qdisc
 vanish with the helper.
 
 Shaping: all ranks share one ``lo`` and every packet crosses lo's egress qdisc once. In a ring allreduce every
@@ -35,16 +35,16 @@ import importlib
 import json
 import os
 import re
+import select
 import shlex
 import shutil
 import signal
 import subprocess
 import sys
-import tempfile
 import traceback
 from pathlib import Path
 
-from harness.launch import LaunchError, launch
+from harness.launch import LaunchError, RankPool
 
 _SBIN = "/usr/local/sbin:/usr/sbin:/sbin:/usr/local/bin:/usr/bin:/bin"
 
@@ -164,61 +164,109 @@ def _plain(value):
 
 # --------------------------------------------------------------------------- parent side
 
+class NamespacePool:
+    """A :class:`~harness.launch.RankPool` inside one private network namespace whose lo gives every rank
+    ``rate_mbit``, kept for many launches (the sweep keeps one per network and rank count).
+
+    The helper (``unshare -rn python -c ...``) reads one JSON request per line on its stdin and writes one JSON
+    answer per line to a pipe of its own (the ranks keep stdout and stderr). A helper that misses a deadline is
+    killed with every rank it spawned; the next :meth:`run` starts a new namespace.
+    """
+
+    def __init__(self, world_size: int, backend: str, *, rate_mbit: float, timeout_s: float, threads: int):
+        self.setup = dict(world_size=world_size, backend=backend, timeout_s=timeout_s, threads=threads,
+                          rate_mbit=rate_mbit)
+        self._proc: subprocess.Popen | None = None
+
+    def __enter__(self) -> "NamespacePool":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    def _start(self) -> None:
+        require()
+        repo = str(Path(__file__).resolve().parents[1])
+        env = {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in (repo, os.environ.get("PYTHONPATH")) if p)}
+        if "TORCH_CPP_LOG_LEVEL" not in env:
+            # The helper hosts the rendezvous store, whose server warns that it cannot reverse-resolve its
+            # clients (no DNS in the namespace). Quiet the helper only; it unsets this before spawning the ranks.
+            env.update(TORCH_CPP_LOG_LEVEL="ERROR", _DDP_NETEM_UNSET_LOG_LEVEL="1")
+        read_fd, write_fd = os.pipe()
+        sys.stdout.flush()
+        try:
+            self._proc = subprocess.Popen([UNSHARE, "-rn", sys.executable, "-c", _HELPER_MAIN, str(write_fd)],
+                                          env=env, stdin=subprocess.PIPE, text=True, pass_fds=(write_fd,),
+                                          start_new_session=True)  # own process group: killed as a whole
+        finally:
+            os.close(write_fd)
+        self._answers = os.fdopen(read_fd, "r")
+        answer = self._ask(dict(self.setup, sys_path=sys.path, cwd=os.getcwd()), timeout_s=120)
+        if answer["status"] == "setup_error":
+            self.close()
+            raise NetemUnavailable(answer["message"])
+
+    def _ask(self, request: dict, timeout_s: float | None) -> dict:
+        """Send one request and wait for its answer; a helper that dies or overruns ends the pool."""
+        try:
+            self._proc.stdin.write(json.dumps(request) + "\n")
+            self._proc.stdin.flush()
+        except OSError:
+            pass  # the helper is gone: reported below as no answer
+        ready, _, _ = select.select([self._answers], [], [], timeout_s)
+        line = self._answers.readline() if ready else ""
+        if line:
+            return json.loads(line)
+        code = self._proc.poll()
+        self.close()
+        why = "ran past its deadline" if not ready else f"exited with code {code} without an answer"
+        raise LaunchError(f"the network-emulation helper (`unshare -rn python -c ...harness.netem._helper`) {why}")
+
+    def run(self, fn, args=(), deadline_s: float | None = None) -> list:
+        """``fn(ctx, *args)`` on every rank behind the emulated link; the results by rank (JSON round trip)."""
+        if fn.__module__ == "__main__":
+            raise TypeError(f"network emulation imports fn by name; move {fn.__qualname__} out of the __main__ "
+                            f"script")
+        request = dict(fn=f"{fn.__module__}:{fn.__qualname__}", args=_encode(list(args)), deadline_s=deadline_s)
+        if self._proc is None:
+            self._start()
+        answer = self._ask(request, None if deadline_s is None else deadline_s + 60)
+        if answer["status"] != "ok":
+            raise LaunchError(answer["message"])
+        if answer["dropped"]:
+            print(f"[netem] lo dropped {answer['dropped']} packet(s) at {self.setup['rate_mbit']:g} Mbit/s per "
+                  f"rank; TCP retransmissions may have inflated the times", file=sys.stderr)
+        return answer["results"]
+
+    def close(self) -> None:
+        """End the helper: politely (end of its stdin) when idle, else with every rank it spawned."""
+        proc, self._proc = self._proc, None
+        if proc is None:
+            return
+        try:
+            proc.stdin.close()
+            proc.wait(timeout=10)
+        except (OSError, subprocess.TimeoutExpired):
+            pass
+        if proc.poll() is None:
+            try:
+                os.killpg(proc.pid, signal.SIGKILL)
+            except (ProcessLookupError, PermissionError):
+                pass
+            proc.wait()
+        self._answers.close()
+
+
 def launch_in_namespace(fn, world_size: int, backend: str, args, timeout_s: float, threads: int,
                         deadline_s: float | None, rate_mbit: float) -> list:
-    """Spawned launch inside a fresh namespace whose lo gives every rank ``rate_mbit``; results by rank."""
-    require()
-    if fn.__module__ == "__main__":
-        raise TypeError(f"network emulation imports fn by name; move {fn.__qualname__} out of the __main__ script")
-    request = dict(fn=f"{fn.__module__}:{fn.__qualname__}", args=_encode(list(args)), world_size=world_size,
-                   backend=backend, timeout_s=timeout_s, threads=threads, deadline_s=deadline_s,
-                   rate_mbit=rate_mbit, sys_path=sys.path, cwd=os.getcwd())
-    repo = str(Path(__file__).resolve().parents[1])
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in (repo, os.environ.get("PYTHONPATH")) if p)}
-    if "TORCH_CPP_LOG_LEVEL" not in env:
-        # The helper hosts the rendezvous store, whose server warns that it cannot reverse-resolve its clients
-        # (no DNS in the namespace). Quiet the helper only; it unsets this before spawning the ranks.
-        env.update(TORCH_CPP_LOG_LEVEL="ERROR", _DDP_NETEM_UNSET_LOG_LEVEL="1")
-    with tempfile.TemporaryDirectory(prefix="ddp-netem-") as tmp:
-        req, res = Path(tmp, "request.json"), Path(tmp, "result.json")
-        req.write_text(json.dumps(request))
-        sys.stdout.flush()
-        proc = subprocess.Popen([UNSHARE, "-rn", sys.executable, "-c", _HELPER_MAIN, str(req), str(res)],
-                                env=env, start_new_session=True)  # own process group: killed as a whole
-        code = None
-        try:
-            code = proc.wait(timeout=None if deadline_s is None else deadline_s + 60)
-        except subprocess.TimeoutExpired:
-            pass
-        finally:
-            if proc.poll() is None or code is None:
-                _kill_group(proc)
-        answer = json.loads(res.read_text()) if res.exists() and res.stat().st_size else None
-    if answer is None:
-        why = "ran past its deadline" if code is None else f"exited with code {code} without an answer"
-        raise LaunchError(f"the network-emulation helper (`unshare -rn python -c ...harness.netem._helper`) {why}")
-    if answer["status"] == "setup_error":
-        raise NetemUnavailable(answer["message"])
-    if answer["status"] != "ok":
-        raise LaunchError(answer["message"])
-    dropped = answer.get("dropped", 0)
-    if dropped:
-        print(f"[netem] lo dropped {dropped} packet(s) at {rate_mbit:g} Mbit/s per rank; TCP retransmissions "
-              f"may have inflated the times", file=sys.stderr)
-    return answer["results"]
-
-
-def _kill_group(proc: subprocess.Popen) -> None:
-    try:
-        os.killpg(proc.pid, signal.SIGKILL)  # the helper and every rank it spawned
-    except (ProcessLookupError, PermissionError):
-        pass
-    proc.wait()
+    """One spawned launch inside a fresh namespace whose lo gives every rank ``rate_mbit``; results by rank."""
+    with NamespacePool(world_size, backend, rate_mbit=rate_mbit, timeout_s=timeout_s, threads=threads) as pool:
+        return pool.run(fn, args, deadline_s)
 
 
 # --------------------------------------------------------------------------- helper (inside the namespace)
 
-_HELPER_MAIN = "import sys; from harness.netem import _helper; sys.exit(_helper(*sys.argv[1:3]))"
+_HELPER_MAIN = "import sys; from harness.netem import _helper; sys.exit(_helper(sys.argv[1]))"
 
 def _shape_loopback(lo_rate_mbit: float) -> None:
     shape = [TC, "qdisc", "add", "dev", "lo", "root", *_tbf_args(lo_rate_mbit).split()]
@@ -234,31 +282,39 @@ def _dropped() -> int:
     return sum(int(n) for n in re.findall(r"dropped (\d+)", out))
 
 
-def _helper(request_path: str, result_path: str) -> int:
-    req = json.loads(Path(request_path).read_text())
-    sys.path[:0] = [p for p in req["sys_path"] if p not in sys.path]
-    os.chdir(req["cwd"])
+def _helper(answer_fd: str) -> int:
+    answers = os.fdopen(int(answer_fd), "w")
 
     def answer(**out) -> None:
-        Path(result_path).write_text(json.dumps(out, default=_plain))
+        answers.write(json.dumps(out, default=_plain) + "\n")
+        answers.flush()
 
+    setup = json.loads(sys.stdin.readline())
+    sys.path[:0] = [p for p in setup["sys_path"] if p not in sys.path]
+    os.chdir(setup["cwd"])
     try:
-        _shape_loopback(req["rate_mbit"] * req["world_size"])
+        _shape_loopback(setup["rate_mbit"] * setup["world_size"])
     except (NetemUnavailable, OSError, subprocess.SubprocessError) as exc:
         answer(status="setup_error", message=str(exc))
         return 2
     os.environ["GLOO_SOCKET_IFNAME"] = "lo"  # the only interface here; skips Gloo's hostname lookup
     if os.environ.pop("_DDP_NETEM_UNSET_LOG_LEVEL", None):  # torch is imported: the ranks log as usual
         os.environ.pop("TORCH_CPP_LOG_LEVEL", None)
-    try:
-        results = launch(_import(req["fn"]), req["world_size"], req["backend"], args=_decode(req["args"]),
-                         timeout_s=req["timeout_s"], threads=req["threads"], deadline_s=req["deadline_s"])
-    except LaunchError as exc:
-        answer(status="launch_error", message=str(exc))
-        return 1
-    except Exception:  # noqa: BLE001 - reported to the parent as text
-        answer(status="error", message=traceback.format_exc())
-        return 1
-    answer(status="ok", results=results, dropped=_dropped())
+    answer(status="ready")
+    dropped = 0
+    with RankPool(setup["world_size"], setup["backend"], timeout_s=setup["timeout_s"],
+                  threads=setup["threads"]) as pool:
+        for line in sys.stdin:  # one request per line until the parent closes our stdin
+            req = json.loads(line)
+            try:
+                results = pool.run(_import(req["fn"]), _decode(req["args"]), req["deadline_s"])
+            except LaunchError as exc:
+                answer(status="launch_error", message=str(exc))
+                continue
+            except Exception:  # noqa: BLE001 - reported to the parent as text
+                answer(status="error", message=traceback.format_exc())
+                continue
+            total = _dropped()
+            answer(status="ok", results=results, dropped=total - dropped)
+            dropped = total
     return 0
-

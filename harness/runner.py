@@ -35,7 +35,7 @@ import torch
 
 from harness.config import TrainConfig
 from harness.launch import RankContext, inject_fault
-from harness.models import build_model, compute_loss, input_spec, make_inputs
+from harness.models import compute_loss, input_spec, make_inputs, seeded_model
 
 NS_PER_MS = 1e6
 
@@ -192,8 +192,7 @@ def rank_metadata(ctx: RankContext) -> dict:
 def run_training_point(ctx: RankContext, cfg: TrainConfig) -> list[dict]:
     """Build, wrap and train ``cfg.model`` for warmup + iters iterations; one row per measured iteration."""
     inject_fault(cfg.fault, ctx.rank)
-    torch.manual_seed(cfg.seed)  # same initial weights on every rank (DDP broadcasts them anyway)
-    model = build_model(cfg.model).to(ctx.device)
+    model = seeded_model(cfg.model, cfg.seed).to(ctx.device)  # same weights on every rank (DDP broadcasts them)
     num_params = sum(p.numel() for p in model.parameters())
     spec = input_spec(cfg.model, cfg.profile, cfg.batch_size)
     inputs = make_inputs(cfg.model, spec, ctx.device, seed=cfg.seed * 1000 + ctx.rank)

@@ -17,6 +17,7 @@ job's WORLD_SIZE are skipped with a note, so one driver can serve jobs of severa
 """
 from __future__ import annotations
 
+import contextlib
 import datetime
 import math
 import os
@@ -35,7 +36,7 @@ from harness.config import (AllreduceConfig, ConvergenceConfig, PointConfig, Tra
                             config_columns, point_id, validate)
 from harness.convergence import run_convergence_point
 from harness.env import in_place, is_writer
-from harness.launch import init_in_place, launch, refuse_in_bootstrapping_child
+from harness.launch import RankPool, init_in_place, launch, refuse_in_bootstrapping_child
 from harness.preflight import preflight
 from harness.runner import run_training_point
 
@@ -46,20 +47,40 @@ def run_point(cfg: PointConfig, deadline_s: float | None = None) -> list[dict]:
     """Validate one point, check the machine for it, launch its ranks and return their rows (all ranks)."""
     cfg = validate(cfg)
     preflight([cfg])
-    return _measure(cfg, deadline_s)
+    with contextlib.ExitStack() as pools:
+        return _measure(cfg, deadline_s, _Pools(pools))
 
 
-def _measure(cfg: PointConfig, deadline_s: float | None) -> list[dict]:
-    """Launch a validated point's ranks (behind an emulated link where its ``net`` asks) and return their rows
-    with the config columns and the network that was used."""
+class _Pools(dict):
+    """The ranks a sweep keeps between its points, one pool per (network, ranks, backend, timeout, threads):
+    process start, imports and process-group set-up are paid once per pool, not once per point. Closed with the
+    ``ExitStack`` given; a pool whose point failed starts fresh ranks for the next one."""
+
+    def __init__(self, stack: contextlib.ExitStack):
+        super().__init__()
+        self.stack = stack
+
+    def get_for(self, cfg: PointConfig, rate_mbit: float | None):
+        key = (rate_mbit, cfg.world_size, cfg.backend, cfg.timeout_s, cfg.threads_per_rank)
+        if key not in self:
+            how = dict(timeout_s=cfg.timeout_s, threads=cfg.threads_per_rank)
+            pool = (RankPool(cfg.world_size, cfg.backend, **how) if rate_mbit is None else
+                    netem.NamespacePool(cfg.world_size, cfg.backend, rate_mbit=rate_mbit, **how))
+            self[key] = self.stack.enter_context(pool)
+        return self[key]
+
+
+def _measure(cfg: PointConfig, deadline_s: float | None, pools: _Pools) -> list[dict]:
+    """Run a validated point on its pool's ranks (behind an emulated link where its ``net`` asks) and return
+    their rows with the config columns and the network that was used."""
     fn = {TrainConfig: run_training_point, ConvergenceConfig: run_convergence_point,
           AllreduceConfig: run_allreduce_point}[type(cfg)]
     rate_mbit, auto_backward_ms = autorate.point_rate(cfg)  # None = plain loopback; auto is measured (cached)
-    how = dict(timeout_s=cfg.timeout_s, threads=cfg.threads_per_rank, deadline_s=deadline_s)
-    if rate_mbit is None:
-        per_rank = launch(fn, cfg.world_size, cfg.backend, args=(cfg,), **how)
+    if in_place():
+        per_rank = launch(fn, cfg.world_size, cfg.backend, args=(cfg,), timeout_s=cfg.timeout_s,
+                          threads=cfg.threads_per_rank)
     else:
-        per_rank = netem.launch_in_namespace(fn, cfg.world_size, cfg.backend, (cfg,), rate_mbit=rate_mbit, **how)
+        per_rank = pools.get_for(cfg, rate_mbit).run(fn, (cfg,), deadline_s)
     config = {**config_columns(cfg), "net_rate_mbit": math.nan if rate_mbit is None else rate_mbit,
               "net_auto_backward_ms": auto_backward_ms,
               "net_auto_loopback": auto_net_is_loopback(type(cfg).__name__, cfg.backend, cfg.world_size,
@@ -139,7 +160,8 @@ def run_sweep(experiment: str, points: Sequence[PointConfig], *, root: str | os.
     commit = results.git_commit() if writer else ""
     bar = tqdm(total=len(unique), desc=experiment, unit="point", disable=not (progress and writer),
                file=sys.stderr, dynamic_ncols=True)
-    with bar:
+    with bar, contextlib.ExitStack() as stack:
+        pools = _Pools(stack)
         bar.update(len(unique) - len(pending))
         for position, (pid, cfg) in enumerate(unique.items()):
             if pid not in pending:
@@ -148,7 +170,7 @@ def run_sweep(experiment: str, points: Sequence[PointConfig], *, root: str | os.
             started = datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")
             t0 = time.monotonic()
             try:
-                rows = _measure(cfg, deadline_s)
+                rows = _measure(cfg, deadline_s, pools)
             except Exception as exc:  # noqa: BLE001 - the sweep goes on; the error is stored
                 rows = [_error_row(cfg, exc)]
                 if writer:

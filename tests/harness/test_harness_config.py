@@ -14,7 +14,7 @@ def no_launch(monkeypatch):
     def refuse(*args, **kwargs):
         raise AssertionError("launch must not be reached")
 
-    monkeypatch.setattr(sweep, "launch", refuse)
+    monkeypatch.setattr(sweep._Pools, "get_for", refuse)
 
 
 @pytest.mark.parametrize("cfg, message", [

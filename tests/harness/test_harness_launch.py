@@ -10,7 +10,7 @@ import pytest
 import torch
 import torch.distributed as dist
 
-from harness.launch import LaunchError, available_cores, find_free_port, inject_fault, launch
+from harness.launch import LaunchError, RankPool, available_cores, find_free_port, inject_fault, launch
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -48,6 +48,30 @@ def test_hung_rank_hits_the_group_timeout():
         launch(_sum_ranks, 2, "gloo", args=("hang@1",), timeout_s=3, threads=1)
     assert "rank 0" in str(err.value)  # the healthy rank's collective timed out and reported it
     assert time.monotonic() - start < 40
+
+
+def _pid(ctx, fault=""):
+    inject_fault(fault, ctx.rank)
+    t = torch.tensor([float(ctx.rank + 1)])
+    dist.all_reduce(t)
+    return [os.getpid(), t.item()]
+
+
+def check_pool_keeps_ranks_until_a_failure(pool):
+    """Shared with the namespace pool's test: launches reuse the ranks; a failure ends them, the next launch
+    starts fresh ones and computes correctly."""
+    first = pool.run(_pid, (), 60)
+    assert pool.run(_pid, (), 60) == first and [s for _, s in first] == [3.0, 3.0]
+    assert len({pid for pid, _ in first}) == 2
+    with pytest.raises(LaunchError, match="injected fault on rank 1"):
+        pool.run(_pid, ("raise@1",), 60)
+    again = pool.run(_pid, (), 60)
+    assert [s for _, s in again] == [3.0, 3.0] and not {pid for pid, _ in again} & {pid for pid, _ in first}
+
+
+def test_a_rank_pool_reuses_its_ranks_and_restarts_after_a_failure():
+    with RankPool(2, "gloo", timeout_s=60, threads=1) as pool:
+        check_pool_keeps_ranks_until_a_failure(pool)
 
 
 def test_in_place_when_rank_is_set(monkeypatch):

@@ -57,6 +57,14 @@ def test_a_failing_rank_inside_the_namespace_fails_the_launch():
 
 
 @needs_netem
+def test_a_namespace_pool_reuses_its_ranks_and_restarts_after_a_failure():
+    from test_harness_launch import check_pool_keeps_ranks_until_a_failure
+
+    with netem.NamespacePool(2, "gloo", rate_mbit=1000, timeout_s=60, threads=1) as pool:
+        check_pool_keeps_ranks_until_a_failure(pool)
+
+
+@needs_netem
 def test_auto_measures_records_and_caches_a_rate(monkeypatch):
     launches = []
     real_launch = autorate.launch
@@ -137,7 +145,7 @@ def test_bad_net_values_are_refused(net):
 def test_refused_namespaces_stop_with_a_clear_message(monkeypatch, tmp_path, tool, value, message):
     monkeypatch.setattr(netem, tool, value)
     monkeypatch.setattr(env, "cuda_available", lambda: False)
-    monkeypatch.setattr("harness.sweep.launch", lambda *a, **k: pytest.fail("nothing may launch"))
+    monkeypatch.setattr("harness.sweep._Pools.get_for", lambda *a, **k: pytest.fail("nothing may launch"))
     with pytest.raises(netem.NetemUnavailable, match=message):
         run_sweep("netem", [TrainConfig(net="loopback"), TrainConfig(net="1gbit")], root=tmp_path, progress=False)
     assert not (tmp_path / "netem").exists()  # stopped before the first point, nothing stored

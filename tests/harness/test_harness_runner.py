@@ -125,3 +125,21 @@ def test_allreduce_microbenchmark_rows():
         assert r["algbw_gbps"] == pytest.approx(r["total_bytes"] / (r["total_ms"] / 1e3) / 1e9)
         assert r["busbw_gbps"] == pytest.approx(r["algbw_gbps"] * 4 / 3)
         assert r["call_ms"] == pytest.approx(r["total_ms"] / 5)
+
+
+def test_seeded_model_copies_equal_a_fresh_build_and_leave_the_same_random_state():
+    from harness.models import seeded_model
+
+    first = seeded_model("small", 3)
+    after_first = torch.rand(3)
+    second = seeded_model("small", 3)  # from the process's cache
+    after_second = torch.rand(3)
+    torch.manual_seed(3)
+    fresh = build_model("small")
+    after_fresh = torch.rand(3)
+    assert second is not first and all(p.data_ptr() != q.data_ptr() for p, q in zip(first.parameters(),
+                                                                                       second.parameters()))
+    for a, b, c in zip(first.parameters(), second.parameters(), fresh.parameters()):
+        assert torch.equal(a, c) and torch.equal(b, c)
+    assert torch.equal(after_first, after_fresh) and torch.equal(after_second, after_fresh)
+    assert not torch.equal(next(seeded_model("small", 4).parameters()), next(fresh.parameters()))

@@ -84,7 +84,7 @@ def test_dry_run_lists_points_and_launches_nothing(tmp_path, monkeypatch, capsys
     from harness.config import config_columns, validate
 
     write_point("dry", point_id(points[0]), [{**config_columns(validate(points[0])), "rank": 0}], root=tmp_path)
-    monkeypatch.setattr(sweep, "launch", lambda *a, **k: pytest.fail("dry run launched a point"))
+    monkeypatch.setattr(sweep._Pools, "get_for", lambda *a, **k: pytest.fail("dry run launched a point"))
     plan = sweep.run_sweep("dry", points + [points[1]], root=tmp_path, dry_run=True)
     ids = [point_id(p) for p in points]
     assert sorted(plan["point_id"]) == sorted(ids)  # duplicate listed once, in the run order:
