@@ -28,6 +28,7 @@
 from __future__ import annotations
 
 import warnings
+import weakref
 from typing import Callable, Sequence
 
 import torch
@@ -169,7 +170,14 @@ class Reducer:
             self._unused = self._static_unused
 
     def _make_hook(self, i: int):
+        # The hook reaches the reducer through a weak reference: a strong one would make a cycle through the
+        # parameter that Python's collector cannot see, keeping every DDP ever built in the process alive.
+        reducer = weakref.ref(self)
+
         def hook(param: torch.Tensor) -> None:
+            self = reducer()
+            if self is None:
+                return
             if self.expect_hooks:
                 self._grad_ready(i)
             elif self._used is not None:

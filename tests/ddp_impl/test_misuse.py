@@ -52,3 +52,9 @@ def test_different_models_on_different_ranks():
 def test_join_is_refused_with_the_alternative():
     (errors,) = launch(workers.join_refused, 1, "gloo", timeout_s=30, deadline_s=60)
     assert len(errors) == 2 and all("same number of batches" in e for e in errors), errors
+
+
+def test_a_dropped_ddp_is_freed():
+    """Sweeps build many DDPs in one process (the harness's rank pools): each must go when dropped."""
+    (freed,) = launch(workers.freed_after_use, 1, "gloo", timeout_s=30, deadline_s=60)
+    assert freed == [3, 3]

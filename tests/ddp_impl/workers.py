@@ -247,3 +247,18 @@ def join_refused(ctx):
         except NotImplementedError as e:
             errors.append(str(e))
     return errors
+
+
+def freed_after_use(ctx):
+    """A DDP that trained and was dropped is freed (its gradient hooks must not keep it alive); [freed, total]."""
+    import gc
+    import weakref
+
+    refs = []
+    for _ in range(3):
+        model = OurDDP(mlp())
+        model(torch.randn(4, 6)).sum().backward()
+        refs.append((weakref.ref(model), weakref.ref(model.reducer)))
+        del model
+    gc.collect()
+    return [sum(m() is None and r() is None for m, r in refs), len(refs)]
