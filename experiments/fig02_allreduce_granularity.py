@@ -7,7 +7,9 @@
 A flat float32 gradient of ``total_params`` (default: as many as ``compute_model`` has) is allreduced in
 calls of k parameters each. Fewer, larger calls should be much faster; and the total time should be of the
 same order as the model's backward pass (measured on one rank without DDP), which is why overlapping the two
-pays. The dashed line in each panel is that backward compute time.
+pays. The dashed line in each panel is that backward compute time; with ``net=auto`` the dotted line is the
+backward (all ranks computing at once) that set the emulated link's rate, at which one allreduce of the whole
+gradient takes exactly that long.
 """
 from __future__ import annotations
 
@@ -75,6 +77,11 @@ def plot(df, cfg: Config):
         if not bwd.empty:
             ax.axhline(bwd.median(), ls="--", color="k",
                        label=f"{cfg.compute_model} backward on {device} ({bwd.median():.0f} ms)")
+        if "net_auto_backward_ms" in sel:  # net=auto: the backward (all ranks at once) the link rate was set from
+            for n, part in sel.dropna(subset=["net_auto_backward_ms"]).groupby("world_size"):
+                ms, rate = part["net_auto_backward_ms"].median(), part["net_rate_mbit"].median()
+                ax.axhline(ms, ls=":", color="0.4", label=f"backward on {n} ranks that set the link "
+                                                          f"({ms:.0f} ms -> {rate:.0f} Mbit/s)")
         ax.set_xscale("log")
         ax.set_yscale("log")
         ax.set_title(f"{backend}: allreduce {cfg.total_params / 1e6:.1f}M float32 parameters", fontsize=10)
