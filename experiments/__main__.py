@@ -6,6 +6,7 @@
     python -m experiments plots [fig7 ...]          redraw figures from the stored CSVs, no runs
     python -m experiments report [fig7 ...]         markdown: per figure, the paper's claim beside what was measured
     python -m experiments claims                    one chart of every measured number beside the paper's
+    python -m experiments predict [--key=value ...] a point's latency predicted by the calibrated simulator
 
 Under torchrun every rank runs the sweep in place and rank 0 stores and plots (see harness/README.md).
 """
@@ -54,6 +55,10 @@ def main(argv: list[str] | None = None) -> int:
         for name in rest or found:
             print(report(found[name]))
         return 0
+    if command == "predict":
+        from experiments.predict import main as predict
+
+        return predict(rest)
     if command == "claims":
         draw_claims()
         return 0
@@ -65,7 +70,7 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     if command not in found:
         raise SystemExit(f"unknown figure {command!r}; known: {', '.join(found)} (or `list`, `plots`, `report`, "
-                         "`claims`)")
+                         "`claims`, `predict`)")
     return run_figure(found[command], rest)
 
 

@@ -43,12 +43,14 @@ from harness.runner import run_training_point
 MAX_ERROR_CHARS = 8000
 
 
-def run_point(cfg: PointConfig, deadline_s: float | None = None) -> list[dict]:
-    """Validate one point, check the machine for it, launch its ranks and return their rows (all ranks)."""
+def run_point(cfg: PointConfig, deadline_s: float | None = None, fn=None) -> list[dict]:
+    """Validate one point, check the machine for it, launch its ranks and return their rows (all ranks).
+    ``fn(ctx, cfg)`` (a module-level function returning a list of row dicts) replaces the point type's own
+    rank function: a probe then runs on exactly the ranks, threads and network the point would measure on."""
     cfg = validate(cfg)
     preflight([cfg])
     with contextlib.ExitStack() as pools:
-        return _measure(cfg, deadline_s, _Pools(pools))
+        return _measure(cfg, deadline_s, _Pools(pools), fn)
 
 
 class _Pools(dict):
@@ -70,11 +72,11 @@ class _Pools(dict):
         return self[key]
 
 
-def _measure(cfg: PointConfig, deadline_s: float | None, pools: _Pools) -> list[dict]:
+def _measure(cfg: PointConfig, deadline_s: float | None, pools: _Pools, fn=None) -> list[dict]:
     """Run a validated point on its pool's ranks (behind an emulated link where its ``net`` asks) and return
     their rows with the config columns and the network that was used."""
-    fn = {TrainConfig: run_training_point, ConvergenceConfig: run_convergence_point,
-          AllreduceConfig: run_allreduce_point}[type(cfg)]
+    fn = fn or {TrainConfig: run_training_point, ConvergenceConfig: run_convergence_point,
+                AllreduceConfig: run_allreduce_point}[type(cfg)]
     rate_mbit, auto_backward_ms = autorate.point_rate(cfg)  # None = plain loopback; auto is measured (cached)
     if in_place():
         per_rank = launch(fn, cfg.world_size, cfg.backend, args=(cfg,), timeout_s=cfg.timeout_s,

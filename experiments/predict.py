@@ -1,0 +1,84 @@
+"""Predict a DDP point's per-iteration latency instead of measuring it (issue: the simulator).
+
+    python -m experiments predict --model=resnet50 --world_size=3 --bucket_cap_mb=10 --net=700mbit
+    python -m experiments predict --model=bert-base --bucket_cap_mb=100 --json
+    python -m experiments predict --calibration=results/calibration/....json --bucket_cap_mb=5
+
+Any point option of the figure drivers (``TrainConfig``) is accepted. Without ``--calibration`` a short probe
+(:mod:`simulator.calibrate`, well under a minute) measures this machine now, on the point's own ranks and
+network, and is stored under ``results/calibration/`` for reuse; the prediction names the calibration it used.
+"""
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import sys
+from pathlib import Path
+
+from harness import TrainConfig, add_dataclass_arguments, dataclass_from_namespace
+from harness.config import validate
+from harness.results import results_root
+
+PROBE_ITERS, PROBE_WARMUP = 3, 1
+CALIBRATION_DIR = "calibration"
+
+
+def calibration_path(cfg: TrainConfig, root=None) -> Path:
+    """One file per (model, profile, batch, ranks, backend, network, threads) on this machine."""
+    import socket
+
+    net = cfg.net.replace("/", "_")
+    name = (f"{cfg.model}-{cfg.profile}-b{cfg.batch_size}-n{cfg.world_size}-{cfg.backend}-{net}"
+            f"-t{cfg.threads_per_rank}-{socket.gethostname()}.json")
+    return Path(results_root(root)) / CALIBRATION_DIR / name
+
+
+def calibration_for(cfg: TrainConfig, stored: str = "", root=None):
+    """``stored`` (a path) if given, after checking it describes ``cfg``'s model and ranks; else a fresh probe."""
+    from simulator.calibrate import Calibration, calibrate
+
+    if stored:
+        cal = Calibration.load(stored)
+        for key in ("model", "profile", "world_size", "backend"):
+            if cal.point[key] != getattr(cfg, key):
+                raise ValueError(f"calibration {stored} was probed with {key}={cal.point[key]!r}, but the point "
+                                 f"asks for {key}={getattr(cfg, key)!r}; probe again (leave out --calibration)")
+        return cal, Path(stored)
+    cal = calibrate(dataclasses.replace(cfg, iters=PROBE_ITERS, warmup=PROBE_WARMUP))
+    return cal, cal.save(calibration_path(cfg, root))
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m experiments predict", description=__doc__.split("\n\n")[0])
+    add_dataclass_arguments(parser, TrainConfig)
+    parser.set_defaults(model="resnet50")
+    parser.add_argument("--calibration", default="", help="a stored calibration file (default: probe now)")
+    parser.add_argument("--json", action="store_true", help="print one JSON object (predicted_ms, breakdown)")
+    ns = parser.parse_args(argv)
+    cfg = validate(dataclass_from_namespace(TrainConfig, ns))
+    from simulator.predict import Scenario, predict
+
+    cal, path = calibration_for(cfg, ns.calibration)
+    scenario = Scenario(bucket_cap_mb=cfg.bucket_cap_mb, overlap=cfg.overlap,
+                        round_robin_groups=cfg.round_robin_groups, sync_every=cfg.sync_every)
+    out = dict(predict(cal, scenario), calibration=str(path), calibrated_at=cal.meta["created_at"],
+               point={**cal.point, **dataclasses.asdict(scenario)})
+    if ns.json:
+        print(json.dumps(out))
+        return 0
+    p = out["point"]
+    print(f"{p['model']} on {p['world_size']} ranks ({p['backend']}, net={p['net']}, "
+          f"{p['net_rate_mbit'] or 'loopback'} Mbit/s), cap {scenario.bucket_cap_mb:g} MiB, "
+          f"overlap={scenario.overlap}, k={scenario.round_robin_groups}, sync every {scenario.sync_every}")
+    print(f"predicted per-iteration latency: {out['predicted_ms']:.1f} ms")
+    for key in ("forward_ms", "backward_compute_ms", "exposed_comm_ms", "optimizer_ms", "comm_ms"):
+        print(f"  {key:22s} {out[key]:9.1f}")
+    print(f"  {'buckets':22s} {out['num_buckets']:9d}")
+    print(f"calibration: {path} ({cal.meta['created_at']}, alpha {cal.comm.alpha_ms:.3f} ms, "
+          f"{cal.comm.busbw_gbit:.2f} Gbit/s, contention {cal.profile.contention:.2f})")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

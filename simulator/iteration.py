@@ -1,0 +1,160 @@
+"""One DDP iteration as an event simulation, from compute-only timings and a communication model.
+
+Backward produces gradients at the profile's ``ready_ms`` (slowed by ``contention`` while an allreduce runs, as
+compute and communication share the host). A bucket is ready with its last gradient and launches in index order
+(DDP's rule: every rank must issue the same allreduces in the same order); bucket b runs on channel b % groups,
+each channel one call after another (round-robin process groups). A call first spends its latency (the
+``alpha`` terms, the cost at 0 bytes), which holds no bandwidth, then moves its bytes; calls moving bytes at the
+same time share the link equally (processor sharing), so parallel channels hide latency but not bandwidth.
+"""
+from __future__ import annotations
+
+import math
+from collections import deque
+from dataclasses import asdict, dataclass, replace
+
+import torch
+
+from ddp_impl.buckets import Bucket, ParamSpec, assign_buckets, mb_to_bytes
+
+from .comm import CommModel
+
+EPS = 1e-9  # ms: events closer than this are simultaneous
+
+
+@dataclass(frozen=True)
+class ComputeProfile:
+    """Compute-only times (ms) of one rank's iteration, measured where we can run it.
+
+    ``ready_ms[i]``: when parameter i's gradient is ready, from the start of backward, with no communication
+    running; ``other_ms``: per-iteration time outside the named phases; ``contention``: while any allreduce is
+    in flight, backward compute runs at rate 1/(1+contention) (on CPU, e.g. backward 190 -> 246 ms with overlap).
+    """
+
+    param_bytes: tuple[int, ...]
+    ready_ms: tuple[float, ...]
+    backward_ms: float
+    forward_ms: float
+    optimizer_ms: float
+    other_ms: float = 0.0
+    contention: float = 0.0
+
+    def __post_init__(self):
+        object.__setattr__(self, "param_bytes", tuple(int(b) for b in self.param_bytes))
+        object.__setattr__(self, "ready_ms", tuple(float(r) for r in self.ready_ms))
+        if len(self.param_bytes) != len(self.ready_ms):
+            raise ValueError(f"{len(self.param_bytes)} parameter sizes but {len(self.ready_ms)} ready times")
+        times = (*self.ready_ms, self.backward_ms, self.forward_ms, self.optimizer_ms, self.other_ms, self.contention)
+        if min(self.param_bytes, default=0) < 0 or any(not (math.isfinite(t) and t >= 0) for t in times):
+            raise ValueError("sizes, times and contention must be finite and >= 0")
+        if max(self.ready_ms, default=0.0) > self.backward_ms:
+            raise ValueError(f"a gradient is ready after backward ends ({max(self.ready_ms)} > {self.backward_ms})")
+
+    def scaled(self, compute_factor: float) -> "ComputeProfile":
+        """Every compute time times ``compute_factor`` (a named cluster's device vs the one profiled)."""
+        if not compute_factor > 0:
+            raise ValueError(f"compute_factor must be > 0, got {compute_factor}")
+        f = compute_factor
+        return replace(self, ready_ms=tuple(r * f for r in self.ready_ms), backward_ms=self.backward_ms * f,
+                       forward_ms=self.forward_ms * f, optimizer_ms=self.optimizer_ms * f, other_ms=self.other_ms * f)
+
+
+def buckets_for(profile: ComputeProfile, cap_mb: float, first_cap_mb: float | None = None) -> list[Bucket]:
+    """ddp_impl's buckets in the order gradients became ready (ties: last registered first), as DDP rebuilds
+    them after the first iteration. Parameters are float32 on cpu; a size not divisible by 4 rounds up."""
+    cpu = torch.device("cpu")
+    specs = [ParamSpec(f"p{i}", -(-b // 4), torch.float32, cpu) for i, b in enumerate(profile.param_bytes)]
+    order = sorted(range(len(specs)), key=lambda i: (profile.ready_ms[i], -i))
+    first = None if first_cap_mb is None else mb_to_bytes(first_cap_mb)
+    return assign_buckets(specs, mb_to_bytes(cap_mb), first, order=order)
+
+
+@dataclass(frozen=True)
+class Prediction:
+    """``total_ms`` is the mean over ``sync_every`` iterations; the phases describe the synchronized one, with
+    ``backward_ms`` as the runner times it (compute slowed by contention, then waiting for the last allreduce).
+    Per-bucket times are from the start of backward; ``start_ms`` is when a call began running on its channel."""
+
+    total_ms: float
+    forward_ms: float
+    backward_ms: float
+    comm_ms: float
+    exposed_comm_ms: float
+    optimizer_ms: float
+    synced_ms: float
+    local_ms: float
+    ready_ms: tuple[float, ...]
+    launch_ms: tuple[float, ...]
+    start_ms: tuple[float, ...]
+    done_ms: tuple[float, ...]
+
+    def as_dict(self) -> dict:
+        return {k: list(v) if isinstance(v, tuple) else v for k, v in asdict(self).items()}
+
+
+def _backward(p: ComputeProfile, buckets, comm: CommModel, world_size: int, overlap: bool, groups: int):
+    """Event loop over one synchronized backward: per-bucket ready/launch/start/done times and compute end."""
+    n = len(buckets)
+    needs = [max((p.ready_ms[i] for i in b.param_indices), default=0.0) for b in buckets]
+    latency = comm.allreduce_ms(0, world_size)
+    work = [max(0.0, comm.allreduce_ms(b.nbytes, world_size) - latency) for b in buckets]
+    ready, launch, start, done = ([None] * n for _ in range(4))
+    queues = [deque() for _ in range(groups)]
+    running: dict[int, list] = {}  # channel -> [bucket, latency left, work left at full bandwidth]
+    t = progress = 0.0
+    compute_end, launched = None, 0
+    while True:
+        if compute_end is None and progress >= p.backward_ms - EPS:
+            compute_end = t
+        for b in range(n):
+            if ready[b] is None and progress >= needs[b] - EPS:
+                ready[b] = t
+        while launched < n and (ready[launched] is not None if overlap else compute_end is not None):
+            launch[launched] = t
+            queues[launched % groups].append(launched)
+            launched += 1
+        for ch, queue in enumerate(queues):
+            job = running.get(ch)
+            if job and job[1] <= 0 and job[2] <= EPS:
+                done[job[0]] = t
+                del running[ch]
+            if ch not in running and queue:
+                b = queue.popleft()
+                start[b] = t
+                running[ch] = [b, latency, work[b]]
+        if compute_end is not None and not running:
+            return ready, launch, start, done, compute_end
+        rate = 1.0 / (1.0 + p.contention) if running else 1.0
+        sharing = sum(1 for job in running.values() if job[1] <= 0)
+        steps = [job[1] if job[1] > 0 else job[2] * sharing for job in running.values()]
+        if compute_end is None:
+            target = min([needs[b] for b in range(n) if ready[b] is None] + [p.backward_ms])
+            steps.append((target - progress) / rate)
+        dt = max(min(steps), 0.0)
+        t += dt
+        if compute_end is None:
+            progress += dt * rate
+        for job in running.values():
+            if job[1] > 0:
+                job[1] = 0.0 if job[1] - dt <= EPS else job[1] - dt
+            else:
+                job[2] -= dt / sharing
+
+
+def simulate(profile: ComputeProfile, buckets: list[Bucket], comm: CommModel, world_size: int, *,
+             overlap: bool = True, groups: int = 1, sync_every: int = 1) -> Prediction:
+    """Predict an iteration: ``overlap=False`` launches every bucket when backward ends; ``groups`` round-robin
+    channels; ``sync_every = n`` averages n-1 local iterations (no communication, no optimizer step, as the
+    runner accumulates gradients) with one synchronized iteration."""
+    if world_size < 1 or groups < 1 or sync_every < 1:
+        raise ValueError(f"need world_size, groups, sync_every >= 1, got {world_size}, {groups}, {sync_every}")
+    ready, launch, start, done, compute_end = _backward(profile, buckets, comm, world_size, overlap, groups)
+    backward = max([compute_end, *done])
+    p = profile
+    synced = p.forward_ms + backward + p.optimizer_ms + p.other_ms
+    local = p.forward_ms + p.backward_ms + p.other_ms
+    return Prediction(total_ms=(synced + (sync_every - 1) * local) / sync_every, forward_ms=p.forward_ms,
+                      backward_ms=backward, comm_ms=sum(d - s for s, d in zip(start, done)),
+                      exposed_comm_ms=backward - p.backward_ms, optimizer_ms=p.optimizer_ms, synced_ms=synced,
+                      local_ms=local, ready_ms=tuple(ready), launch_ms=tuple(launch), start_ms=tuple(start),
+                      done_ms=tuple(done))

@@ -1,0 +1,71 @@
+"""What ``simulator.predict`` adds to the simulation (DDP's copies, the buffer broadcast), the calibration file,
+and the `predict` command end to end (small model, loopback: a functional check, not a timing one)."""
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from simulator import AlphaBeta, ComputeProfile
+from simulator.calibrate import VERSION, Calibration
+from simulator.predict import Scenario, predict, with_bucket_copies
+
+REPO = Path(__file__).resolve().parents[2]
+# 400-byte gradients ready at 4 ms (p1) and 10 ms (p0); copying costs 0.005 ms per byte (2 ms per gradient)
+TWO = ComputeProfile(param_bytes=(400, 400), ready_ms=(10.0, 4.0), backward_ms=10.0, forward_ms=5.0, optimizer_ms=2.0)
+
+
+def _calibration(buffer_bytes=0, copy=0.005):
+    return Calibration(profile=TWO, comm=AlphaBeta(0.5, 0.01), copy_ms_per_byte=copy, buffer_bytes=buffer_bytes,
+                       point=dict(model="small", profile="cpu", world_size=2, backend="gloo", net="1gbit",
+                                  net_rate_mbit=1000.0), fit={}, meta=dict(version=VERSION, created_at="now"))
+
+
+def test_bucket_copies_delay_every_later_gradient():
+    copied = with_bucket_copies(TWO, 0.005)
+    # p1 first: ready 4 + its own copy 2 = 6; p0: 10 + both copies 4 = 14; backward 10 + 4
+    assert copied.ready_ms == pytest.approx((14.0, 6.0)) and copied.backward_ms == pytest.approx(14.0)
+
+
+def test_prediction_adds_copies_and_the_buffer_broadcast():
+    # cap 0: one bucket each. Copies: p1 ready 6, p0 14 (as above). Bucket 0 (p1) runs 6 -> 6+1+4 = 11; bucket 1
+    # (p0) 14 -> 19; backward ends 19, then the copy out of 800 bytes (4 ms): 23. Broadcast of 100 buffer bytes:
+    # allreduce(100) / 2 = (1 + 1) / 2 = 1 ms more forward. Total 5 + 1 + 23 + 2 = 31.
+    out = predict(_calibration(buffer_bytes=100), Scenario(bucket_cap_mb=0))
+    assert out["predicted_ms"] == pytest.approx(31.0) and out["num_buckets"] == 2
+    assert out["buffer_broadcast_ms"] == pytest.approx(1.0) and out["backward_ms"] == pytest.approx(23.0)
+    # no_sync every 2: the local iteration has no copies and no communication but still the broadcast:
+    # 5 + 1 + 10 = 16, mean (31 + 16) / 2
+    assert predict(_calibration(buffer_bytes=100), Scenario(0, sync_every=2))["predicted_ms"] == pytest.approx(23.5)
+
+
+def test_calibration_files_round_trip_and_refuse_other_versions(tmp_path):
+    cal = _calibration()
+    path = cal.save(tmp_path / "c.json")
+    assert Calibration.load(path) == cal
+    raw = json.loads(path.read_text())
+    raw["meta"]["version"] = VERSION + 1
+    path.write_text(json.dumps(raw))
+    with pytest.raises(ValueError, match="probe again"):
+        Calibration.load(path)
+
+
+def _predict(*args, cwd):
+    return subprocess.run([sys.executable, "-m", "experiments", "predict", *args], cwd=cwd, capture_output=True,
+                          text=True, timeout=600, env={"PYTHONPATH": str(REPO), "PATH": "/usr/bin:/bin",
+                                                       "DDP_REPRO_RESULTS": str(cwd / "results")})
+
+
+def test_predict_command_probes_stores_and_reuses_a_calibration(tmp_path):
+    done = _predict("--model=small", "--net=loopback", "--bucket_cap_mb=1", "--json", cwd=tmp_path)
+    assert done.returncode == 0, done.stderr
+    out = json.loads(done.stdout.strip().splitlines()[-1])
+    assert out["predicted_ms"] > 0 and out["point"]["model"] == "small" and out["point"]["bucket_cap_mb"] == 1
+    stored = Path(out["calibration"])
+    assert stored.exists() and Calibration.load(stored).point["world_size"] == 2
+    again = _predict("--model=small", "--net=loopback", "--bucket_cap_mb=1", "--json", f"--calibration={stored}",
+                     cwd=tmp_path)
+    assert json.loads(again.stdout.strip().splitlines()[-1])["predicted_ms"] == pytest.approx(out["predicted_ms"])
+    wrong = _predict("--model=resnet50", f"--calibration={stored}", cwd=tmp_path)
+    assert wrong.returncode != 0 and "was probed with model='small'" in wrong.stderr
