@@ -10,7 +10,7 @@ FIGURES := fig2 fig6 fig7 fig8 fig9 fig10 fig11 fig12
 WS_ARG = $(if $(WORLD_SIZE),--world_size=$(WORLD_SIZE))
 fig9 fig10 fig11 fig2: WS_ARG =
 
-.PHONY: setup test clean figures plots claims timeline bench torch-ddp-tests $(FIGURES)
+.PHONY: setup test clean figures plots claims timeline bench simval torch-ddp-tests $(FIGURES)
 
 setup: $(STAMP)
 
@@ -42,6 +42,10 @@ claims: setup
 # Our DDP vs torch's, interleaved, per (model, bucket cap); `make bench ARGS="--models=resnet50 --bucket_caps_mb=25"`.
 bench: setup
 	$(PY) -m experiments.bench $(ARGS)
+
+# The simulator's predictions against fresh measurements (results/simval/, results/figures/simval.png; ~25 min).
+simval: setup
+	$(PY) -m experiments.simval $(ARGS)
 
 # torch's own DDP tests against ours (~12 min, outside `make test`); fails if ours misses one torch passes
 TORCH_SUITE_OUT ?= /tmp/torch-ddp-tests

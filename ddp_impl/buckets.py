@@ -10,6 +10,7 @@ per-bucket comparisons (and comm hooks keyed by bucket index) line up with torch
 """
 from __future__ import annotations
 
+import math
 import sys
 from dataclasses import dataclass, replace
 from typing import Sequence
@@ -55,8 +56,8 @@ class Bucket:
 
 
 def mb_to_bytes(mb: float) -> int:
-    if mb < 0:
-        raise ValueError(f"bucket caps must be >= 0 MB, got {mb}")
+    if not 0 <= mb < math.inf:
+        raise ValueError(f"bucket caps must be finite and >= 0 MB, got {mb}")
     return int(mb * MIB)
 
 
@@ -76,7 +77,7 @@ def assign_buckets(specs: Sequence[ParamSpec], cap_bytes: int | Sequence[int], f
     else:
         limits = list(cap_bytes)
     if not limits or min(limits) < 0 or (first_cap_bytes is not None and first_cap_bytes < 0):
-        raise ValueError(f"bucket caps must be >= 0 bytes, got cap={cap_bytes}, first={first_cap_bytes}")
+        raise ValueError(f"bucket caps must be finite and >= 0 bytes, got cap={cap_bytes}, first={first_cap_bytes}")
     if order is None:
         order = range(len(specs) - 1, -1, -1)
     order = list(order)

@@ -18,6 +18,7 @@ import sys
 from experiments.registry import draw, draw_claims, drivers, report, save_config
 from harness import add_dataclass_arguments, dataclass_from_namespace, run_sweep
 from harness.env import is_writer
+from harness.errors import ConfigError, command_line, refusing
 
 
 def run_figure(driver, argv: list[str]) -> int:
@@ -28,9 +29,10 @@ def run_figure(driver, argv: list[str]) -> int:
     parser.add_argument("--retry-errors", action="store_true", help="rerun points stored with an error")
     parser.add_argument("--plot-only", action="store_true", help="redraw from stored results, run nothing")
     ns = parser.parse_args(argv)
-    cfg = dataclass_from_namespace(driver.Config, ns)
-    if not ns.plot_only:
+    with refusing():
+        cfg = dataclass_from_namespace(driver.Config, ns)
         points = driver.points(cfg)
+    if not ns.plot_only:
         run_sweep(driver.FIGURE, points, dry_run=ns.dry_run, retry_errors=ns.retry_errors,
                   order_seed=getattr(cfg, "order_seed", 0))
         if ns.dry_run:
@@ -44,6 +46,10 @@ def run_figure(driver, argv: list[str]) -> int:
 
 def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
+    return command_line("python -m experiments" + (f" {argv[0]}" if argv else ""), lambda: _main(argv))
+
+
+def _main(argv: list[str]) -> int:
     found = drivers()
     if not argv or argv[0] in ("-h", "--help", "list"):
         print(__doc__)
@@ -52,7 +58,7 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     command, rest = argv[0], argv[1:]
     if command == "report":
-        for name in rest or found:
+        for name in _known(rest or found, found):
             print(report(found[name]))
         return 0
     if command == "predict":
@@ -63,15 +69,20 @@ def main(argv: list[str] | None = None) -> int:
         draw_claims()
         return 0
     if command == "plots":
-        for name in rest or found:
-            if name not in found:
-                raise SystemExit(f"unknown figure {name!r}; known: {', '.join(found)}")
+        for name in _known(rest or found, found):
             draw(found[name])
         return 0
     if command not in found:
-        raise SystemExit(f"unknown figure {command!r}; known: {', '.join(found)} (or `list`, `plots`, `report`, "
-                         "`claims`, `predict`)")
+        raise ConfigError(f"unknown figure {command!r}; choose one of {', '.join(found)} (or `list`, `plots`, "
+                          "`report`, `claims`, `predict`)")
     return run_figure(found[command], rest)
+
+
+def _known(names, found: dict) -> list[str]:
+    unknown = [n for n in names if n not in found]
+    if unknown:
+        raise ConfigError(f"unknown figure {unknown[0]!r}; choose one of {', '.join(found)}")
+    return list(names)
 
 
 if __name__ == "__main__":

@@ -14,6 +14,7 @@ from __future__ import annotations
 import dataclasses
 import datetime
 import gc
+import math
 import os
 import random
 import sys
@@ -29,7 +30,8 @@ import torch.distributed as dist
 
 from harness.config import MODELS, PROFILES, auto_profile_backend, parse_dataclass
 from harness.env import in_place, is_writer
-from harness.launch import BACKENDS, RankContext, launch
+from harness.errors import command_line, refusing
+from harness.launch import BACKENDS, RankContext, check_backend, launch
 from harness.models import build_model, input_spec, make_inputs
 from harness.results import git_commit, results_root, write_csv_atomic
 from harness.runner import machine_metadata, timed_iteration, wrap
@@ -72,9 +74,10 @@ def validate_bench(cfg: BenchConfig) -> BenchConfig:
     for name, value, allowed in choices:
         if value not in allowed:
             raise ValueError(f"unknown {name} {value!r}; choose one of {list(allowed)}")
-    if not cfg.models or not cfg.bucket_caps_mb or min((*cfg.bucket_caps_mb, cfg.memory_cap_mb)) < 0:
-        raise ValueError(f"models and bucket_caps_mb must be non-empty, caps >= 0 MiB; got models={cfg.models} "
-                         f"bucket_caps_mb={cfg.bucket_caps_mb} memory_cap_mb={cfg.memory_cap_mb}")
+    caps = (*cfg.bucket_caps_mb, cfg.memory_cap_mb)
+    if not cfg.models or not cfg.bucket_caps_mb or not all(0 <= c < math.inf for c in caps):
+        raise ValueError(f"models and bucket_caps_mb must be non-empty, caps finite and >= 0 MiB; got "
+                         f"models={cfg.models} bucket_caps_mb={cfg.bucket_caps_mb} memory_cap_mb={cfg.memory_cap_mb}")
     for name, low, why in (("iters", 1, ""), ("warmup", 2, " (both DDPs rebuild their buckets after the first)"),
                            ("world_size", 2, " (a comparison of DDPs)"), ("memory_iters", 1, "")):
         if getattr(cfg, name) < low:
@@ -261,7 +264,9 @@ def _small_mmap_threshold():
 
 def run_bench(cfg: BenchConfig) -> dict[str, pd.DataFrame]:
     """Run every point (and the memory jobs); write the CSVs after each; return the tables."""
-    cfg = validate_bench(cfg)
+    with refusing():  # before anything is spawned
+        cfg = validate_bench(cfg)
+        check_backend(cfg.backend, cfg.world_size)
     writer = is_writer()  # under torchrun every rank runs this; rank 0 writes
     out = Path(cfg.out) if cfg.out else results_root() / "bench"
     meta = dict(machine_metadata(), git_commit=git_commit(), backend=cfg.backend, profile=cfg.profile,
@@ -337,11 +342,14 @@ def format_tables(tables: dict[str, pd.DataFrame]) -> str:
 
 
 def main(argv=None) -> int:
-    cfg = parse_dataclass(BenchConfig, argv, prog="python -m experiments.bench")
-    tables = run_bench(cfg)
-    if is_writer():
-        print(format_tables(tables))
-    return 0
+    prog = "python -m experiments.bench"
+
+    def body() -> int:
+        tables = run_bench(parse_dataclass(BenchConfig, argv, prog=prog))
+        if is_writer():
+            print(format_tables(tables))
+        return 0
+    return command_line(prog, body)
 
 
 if __name__ == "__main__":

@@ -18,6 +18,7 @@ from pathlib import Path
 
 from harness import TrainConfig, add_dataclass_arguments, dataclass_from_namespace
 from harness.config import validate
+from harness.errors import command_line, refusing
 from harness.results import results_root
 
 PROBE_ITERS, PROBE_WARMUP = 3, 1
@@ -50,16 +51,21 @@ def calibration_for(cfg: TrainConfig, stored: str = "", root=None):
 
 
 def main(argv: list[str] | None = None) -> int:
+    return command_line("python -m experiments predict", lambda: _main(argv))
+
+
+def _main(argv: list[str] | None) -> int:
     parser = argparse.ArgumentParser(prog="python -m experiments predict", description=__doc__.split("\n\n")[0])
     add_dataclass_arguments(parser, TrainConfig)
     parser.set_defaults(model="resnet50")
     parser.add_argument("--calibration", default="", help="a stored calibration file (default: probe now)")
     parser.add_argument("--json", action="store_true", help="print one JSON object (predicted_ms, breakdown)")
     ns = parser.parse_args(argv)
-    cfg = validate(dataclass_from_namespace(TrainConfig, ns))
+    with refusing():
+        cfg = validate(dataclass_from_namespace(TrainConfig, ns))
+        cal, path = calibration_for(cfg, ns.calibration)
     from simulator.predict import Scenario, predict
 
-    cal, path = calibration_for(cfg, ns.calibration)
     scenario = Scenario(bucket_cap_mb=cfg.bucket_cap_mb, overlap=cfg.overlap,
                         round_robin_groups=cfg.round_robin_groups, sync_every=cfg.sync_every)
     out = dict(predict(cal, scenario), calibration=str(path), calibrated_at=cal.meta["created_at"],
@@ -68,8 +74,8 @@ def main(argv: list[str] | None = None) -> int:
         print(json.dumps(out))
         return 0
     p = out["point"]
-    print(f"{p['model']} on {p['world_size']} ranks ({p['backend']}, net={p['net']}, "
-          f"{p['net_rate_mbit'] or 'loopback'} Mbit/s), cap {scenario.bucket_cap_mb:g} MiB, "
+    link = f"{p['net_rate_mbit']:.0f} Mbit/s per rank" if p["net_rate_mbit"] else "loopback"
+    print(f"{p['model']} on {p['world_size']} ranks ({p['backend']}, net={p['net']}: {link}), cap {scenario.bucket_cap_mb:g} MiB, "
           f"overlap={scenario.overlap}, k={scenario.round_robin_groups}, sync every {scenario.sync_every}")
     print(f"predicted per-iteration latency: {out['predicted_ms']:.1f} ms")
     for key in ("forward_ms", "backward_compute_ms", "exposed_comm_ms", "optimizer_ms", "comm_ms"):

@@ -22,6 +22,7 @@ import pandas as pd
 from experiments import common
 from harness import TrainConfig, parse_dataclass, run_sweep
 from harness.config import point_id, validate
+from harness.errors import command_line
 from harness.results import load_results, results_root, stored_point_ids
 
 EXPERIMENT = "simval"
@@ -126,11 +127,14 @@ def plot(out: pd.DataFrame, root=None):
 
 
 def main(argv: list[str] | None = None) -> int:
-    cfg = parse_dataclass(Config, argv, prog="python -m experiments.simval")
-    out = run(cfg)
-    print(summary(out).to_string())
-    print(f"wrote {plot(out)}")
-    return 0
+    prog = "python -m experiments.simval"
+
+    def body() -> int:
+        out = run(parse_dataclass(Config, argv, prog=prog))
+        print(summary(out).to_string())
+        print(f"wrote {plot(out)}")
+        return 0
+    return command_line(prog, body)
 
 
 if __name__ == "__main__":

@@ -13,6 +13,7 @@ import sys
 
 from harness.config import AllreduceConfig, TrainConfig, add_dataclass_arguments, dataclass_from_namespace
 from harness.env import is_writer
+from harness.errors import command_line
 from harness.results import summarize
 from harness.sweep import run_sweep
 
@@ -20,6 +21,10 @@ KINDS = {"train": TrainConfig, "allreduce": AllreduceConfig}
 
 
 def main(argv=None) -> int:
+    return command_line("python -m harness", lambda: _main(argv))
+
+
+def _main(argv) -> int:
     parser = argparse.ArgumentParser(prog="python -m harness", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = parser.add_subparsers(dest="kind", required=True)

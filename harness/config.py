@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import math
 import hashlib
 import json
 import typing
@@ -154,10 +155,10 @@ def _check_fields(cfg: PointConfig) -> None:
         value, check, choices = getattr(cfg, f.name), f.metadata.get("check"), f.metadata.get("choices")
         if choices and value not in choices:
             raise ValueError(f"unknown {f.name} {value!r}; choose one of {list(choices)}")
-        if check == "positive" and not value > 0:
-            raise ValueError(f"{f.name} must be positive, got {value}")
-        if check == "non_negative" and not value >= 0:
-            raise ValueError(f"{f.name} must be >= 0, got {value}")
+        if check == "positive" and not (value > 0 and math.isfinite(value)):
+            raise ValueError(f"{f.name} must be a positive finite number, got {value}")
+        if check == "non_negative" and not (value >= 0 and math.isfinite(value)):
+            raise ValueError(f"{f.name} must be a finite number >= 0, got {value}")
 
 
 def _check_fault(fault: str) -> None:

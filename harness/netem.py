@@ -44,6 +44,7 @@ import sys
 import traceback
 from pathlib import Path
 
+from harness.errors import ConfigError
 from harness.launch import LaunchError, RankPool
 
 _SBIN = "/usr/local/sbin:/usr/sbin:/sbin:/usr/local/bin:/usr/bin:/bin"
@@ -63,8 +64,8 @@ BURST_S = 1e-3
 LIMIT_MIN_BYTES = 64 * 1024 * 1024
 LIMIT_S = 0.05
 
-class NetemUnavailable(ValueError):
-    """This machine cannot emulate a network: a tool is missing or namespaces/tc are refused."""
+class NetemUnavailable(ConfigError):
+    """This machine cannot emulate a network: a tool is missing or namespaces/tc are refused (a ValueError)."""
 
 
 # --------------------------------------------------------------------------- availability

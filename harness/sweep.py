@@ -9,7 +9,8 @@ Repetitions of a point (``repeat=0, 1, ...``) are separate stored points; the sw
 repetition, each pass in a seeded shuffle (:func:`schedule`), so drift of the machine's speed spreads over all
 points instead of reading as an effect between neighbours.
 
-All points are validated before the first launch, so a bad value fails the sweep before anything runs. A
+All points are validated before the first launch, so a bad value fails the sweep before anything runs (with a
+:class:`~harness.errors.ConfigError`: command lines print it as one ``error:`` line). A
 point that raises, crashes or times out is stored as one row with ``error`` set; rerun with
 ``retry_errors=True`` to try those again. Under torchrun (RANK set) the same call runs each point in place:
 rank 0 decides which points are pending and writes the results; points whose world_size differs from the
@@ -36,6 +37,7 @@ from harness.config import (AllreduceConfig, ConvergenceConfig, PointConfig, Tra
                             config_columns, point_id, validate)
 from harness.convergence import run_convergence_point
 from harness.env import in_place, is_writer
+from harness.errors import refusing
 from harness.launch import RankPool, init_in_place, launch, refuse_in_bootstrapping_child
 from harness.preflight import preflight
 from harness.runner import run_training_point
@@ -47,8 +49,9 @@ def run_point(cfg: PointConfig, deadline_s: float | None = None, fn=None) -> lis
     """Validate one point, check the machine for it, launch its ranks and return their rows (all ranks).
     ``fn(ctx, cfg)`` (a module-level function returning a list of row dicts) replaces the point type's own
     rank function: a probe then runs on exactly the ranks, threads and network the point would measure on."""
-    cfg = validate(cfg)
-    preflight([cfg])
+    with refusing():
+        cfg = validate(cfg)
+        preflight([cfg])
     with contextlib.ExitStack() as pools:
         return _measure(cfg, deadline_s, _Pools(pools), fn)
 
@@ -138,7 +141,8 @@ def run_sweep(experiment: str, points: Sequence[PointConfig], *, root: str | os.
     ``order_seed`` seeds the shuffle of each pass (stored with the rows, as is each point's ``run_position``).
     """
     refuse_in_bootstrapping_child()
-    resolved = [validate(p) for p in points]  # every bad value raises here, before any launch
+    with refusing():  # every bad value raises here, before any launch
+        resolved = [validate(p) for p in points]
     unique = schedule({point_id(p): p for p in resolved}, order_seed)  # duplicates run once
     if in_place():
         world = int(os.environ["WORLD_SIZE"])
@@ -153,7 +157,8 @@ def run_sweep(experiment: str, points: Sequence[PointConfig], *, root: str | os.
         with pd.option_context("display.width", 200, "display.max_columns", 12):
             print(plan.to_string(index=False) if len(plan) else "no points")
         return plan
-    preflight(unique[pid] for pid in pending)  # the machine, once: GPUs, namespaces, data on disk
+    with refusing():
+        preflight(unique[pid] for pid in pending)  # the machine, once: GPUs, namespaces, data on disk
     writer = True
     if in_place() and unique:
         first = next(iter(unique.values()))

@@ -14,7 +14,7 @@ def test_no_process_group():
 
 @pytest.mark.parametrize("kwargs", [dict(bucket_cap_mb=-1), dict(first_bucket_cap_mb=-0.5)])
 def test_negative_bucket_caps(kwargs):
-    with pytest.raises(ValueError, match="bucket caps must be >= 0"):
+    with pytest.raises(ValueError, match="bucket caps must be finite and >= 0"):
         DistributedDataParallel(torch.nn.Linear(2, 2), **kwargs)
 
 

@@ -1,0 +1,36 @@
+"""Inputs a user gets wrong end as one readable line, not a traceback; real bugs keep theirs.
+
+Everything a sweep checks before it starts a rank (values, combinations, the machine) runs inside
+:func:`refusing`, which turns the ``ValueError`` naming the field, the value and the allowed ones into a
+:class:`ConfigError`. Command lines run their body through :func:`command_line`, which prints that message as
+``<prog>: error: <message>`` and exits with status 2, as argparse does for a malformed option.
+"""
+from __future__ import annotations
+
+import contextlib
+import sys
+from typing import Callable, Iterator
+
+
+class ConfigError(ValueError):
+    """An input refused before anything ran; the message names the field, the value and what is allowed."""
+
+
+@contextlib.contextmanager
+def refusing() -> Iterator[None]:
+    """Inside, a ``ValueError`` is an input refused before anything ran: re-raised as :class:`ConfigError`."""
+    try:
+        yield
+    except ConfigError:
+        raise
+    except ValueError as exc:
+        raise ConfigError(str(exc)) from exc
+
+
+def command_line(prog: str, body: Callable[[], int]) -> int:
+    """``body()``'s exit status, or 2 after one ``<prog>: error: ...`` line on stderr if it refused an input."""
+    try:
+        return body()
+    except ConfigError as exc:
+        print(f"{prog}: error: {exc}", file=sys.stderr)
+        return 2
