@@ -29,6 +29,7 @@ def calibration_path(cfg: TrainConfig, root=None) -> Path:
     """One file per (model, profile, batch, ranks, backend, network, threads) on this machine."""
     import socket
 
+    cfg = validate(cfg)  # auto profile and backend made concrete
     net = cfg.net.replace("/", "_")
     name = (f"{cfg.model}-{cfg.profile}-b{cfg.batch_size}-n{cfg.world_size}-{cfg.backend}-{net}"
             f"-t{cfg.threads_per_rank}-{socket.gethostname()}.json")

@@ -56,7 +56,8 @@ def groups(cfg: Config) -> list[tuple[TrainConfig, list[TrainConfig]]]:
             points = [dataclasses.replace(probe, bucket_cap_mb=cap) for cap in caps]
             if full:
                 points.append(dataclasses.replace(probe, overlap=False))
-                points += [dataclasses.replace(probe, sync_every=n, iters=2 * n) for n in cfg.sync_every]
+                # warmup n: the first synchronized iteration (which rebuilds the buckets) is not measured
+                points += [dataclasses.replace(probe, sync_every=n, iters=2 * n, warmup=n) for n in cfg.sync_every]
                 points += [dataclasses.replace(probe, bucket_cap_mb=5, round_robin_groups=k)
                            for k in cfg.round_robin_groups]
             out.append((probe, points))
@@ -84,7 +85,7 @@ def run(cfg: Config, root=None) -> pd.DataFrame:
             cal.save(path)
         df = run_sweep(EXPERIMENT, points, root=root)
         for p in points:
-            rows = df[(df["point_id"] == point_id(validate(p))) & df["error"].isna()]
+            rows = df[(df["point_id"] == point_id(validate(p))) & (df["error"].fillna("") == "")]
             if rows.empty:
                 continue
             scenario = Scenario(p.bucket_cap_mb, p.overlap, p.round_robin_groups, p.sync_every)
