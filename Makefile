@@ -10,7 +10,7 @@ FIGURES := fig2 fig6 fig7 fig8 fig9 fig10 fig11 fig12
 WS_ARG = $(if $(WORLD_SIZE),--world_size=$(WORLD_SIZE))
 fig9 fig10 fig11 fig2: WS_ARG =
 
-.PHONY: setup test clean figures plots claims timeline bench simval torch-ddp-tests $(FIGURES)
+.PHONY: setup test clean figures plots claims timeline bench simval tune torch-ddp-tests $(FIGURES)
 
 setup: $(STAMP)
 
@@ -46,6 +46,11 @@ bench: setup
 # The simulator's predictions against fresh measurements (results/simval/, results/figures/simval.png; ~25 min).
 simval: setup
 	$(PY) -m experiments.simval $(ARGS)
+
+# A bucket cap recommended by the simulator, then measured beside torch's default and the best measured cap
+# (results/figures/tune.png); `make tune ARGS="--model=bert-base --world_size=3 --net=1gbit"`.
+tune: setup
+	$(PY) -m experiments.tune $(ARGS)
 
 # torch's own DDP tests against ours (~12 min, outside `make test`); fails if ours misses one torch passes
 TORCH_SUITE_OUT ?= /tmp/torch-ddp-tests

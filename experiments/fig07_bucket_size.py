@@ -1,6 +1,6 @@
 """Figure 7: per-iteration latency vs gradient bucket size (paper Section 5.2, 16 GPUs).
 
-    make fig7                                   CPU default: Gloo, 2 ranks, 3 repetitions (~12 min + setup)
+    make fig7                                   CPU default: Gloo, 2 ranks, 3 repetitions (~6.5 min + setup)
     make fig7 ARGS="--world_size=4"             any override of Config below
     python -m experiments fig7 --bucket_caps_mb=0,5,25 --models=resnet50
     torchrun --nproc-per-node=8 --nnodes=2 ... -m experiments fig7 --world_size=16 --profile=paper

@@ -76,7 +76,8 @@ def _main(argv: list[str] | None) -> int:
         return 0
     p = out["point"]
     link = f"{p['net_rate_mbit']:.0f} Mbit/s per rank" if p["net_rate_mbit"] else "loopback"
-    print(f"{p['model']} on {p['world_size']} ranks ({p['backend']}, net={p['net']}: {link}), cap {scenario.bucket_cap_mb:g} MiB, "
+    print(f"{p['model']} on {p['world_size']} ranks ({p['backend']}, net={p['net']}: {link}), "
+          f"cap {scenario.bucket_cap_mb:g} MiB, "
           f"overlap={scenario.overlap}, k={scenario.round_robin_groups}, sync every {scenario.sync_every}")
     print(f"predicted per-iteration latency: {out['predicted_ms']:.1f} ms")
     for key in ("forward_ms", "backward_compute_ms", "exposed_comm_ms", "optimizer_ms", "comm_ms"):

@@ -33,9 +33,9 @@ class Config:
     """The validation grid; every field is a --key=value override."""
 
     models: tuple[str, ...] = ("resnet50", "bert-base")
-    nets: tuple[str, ...] = ("500mbit", "1gbit", "3gbit")  # the caps/overlap/n/k grid at each rate, world size 2
-    world_sizes: tuple[int, ...] = (3, 4)  # and caps at these world sizes, at the first rate of `scale_net`
-    scale_net: str = "1gbit"
+    nets: tuple[str, ...] = ("1gbit", "2gbit", "4gbit")  # the caps/overlap/n/k grid at each rate, world size 2
+    world_sizes: tuple[int, ...] = (3, 4)  # and caps at these world sizes, at `scale_net`
+    scale_net: str = "2gbit"
     bucket_caps_mb: tuple[float, ...] = (0, 1, 5, 25, 100, 1000)
     scale_caps_mb: tuple[float, ...] = (0, 5, 25, 1000)
     sync_every: tuple[int, ...] = (2, 4, 8)

@@ -7,9 +7,10 @@ would be measured on, and measures on every rank at once (they share the cores, 
 
 * compute: iterations without DDP: forward, backward, optimizer step, and each parameter's gradient-ready time
   (post-accumulate-grad hooks), the order and timing DDP's buckets follow;
-* communication: allreduces of 4 KiB to 32 MiB on the point's link, fitted to the ring alpha-beta model;
+* communication: allreduces of 4 KiB up to the gradient's size (at most 128 MiB) on the point's link, fitted
+  to the ring alpha-beta model (:func:`fit_link`);
 * contention: the backward again while one allreduce long enough to cover it runs (what overlap costs the
-  compute where communication runs on the same cores);
+  compute where communication runs on the same cores, and what the compute costs the allreduce's bytes);
 * copies: DDP copies each gradient into its bucket and back out; the rank's memory-copy rate prices that.
 
 The result is a :class:`Calibration`, stored as a versioned JSON file, so a prediction names what it came from.
@@ -24,6 +25,7 @@ import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
+import numpy as np
 import torch
 import torch.distributed as dist
 
@@ -33,12 +35,14 @@ from harness.models import compute_loss, input_spec, make_inputs, seeded_model
 from harness.results import git_commit
 from harness.runner import machine_metadata
 
-from .comm import AlphaBeta, fit_ring
+from .comm import AlphaBeta, Fit, fit_ring
 from .iteration import ComputeProfile
 
-VERSION = 1
-PROBE_SIZES = (4 * 1024, 256 * 1024, 4 * 1024 * 1024, 32 * 1024 * 1024)  # bytes per allreduce call
-PROBE_CALLS = 3  # timed calls per size, after one warm-up call
+VERSION = 3  # 3: comm_contention; 2: allreduce probe sizes up to the gradient's (1 stopped at 32 MiB, and an
+#              emulated link's burst made its fitted rate ~25% fast for the 100 MiB buckets DDP sends)
+MIB = 1024 * 1024
+PROBE_SIZES = (4 * 1024, 64 * 1024, MIB, 8 * MIB, 32 * MIB, 128 * MIB)  # bytes per allreduce call, up to ...
+PROBE_CALLS = 3  # timed calls per size, after one warm-up call (2 for calls of 32 MiB and more)
 MAX_COVER_BYTES = 512 * 1024 * 1024  # the contention probe's allreduce never allocates more
 
 
@@ -71,6 +75,23 @@ class Calibration:
         return cls(**{**raw, "profile": ComputeProfile(**raw["profile"]), "comm": AlphaBeta(**raw["comm"])})
 
 
+def fit_link(samples) -> Fit:
+    """The ring model as DDP's buckets see the link: beta from a plain least-squares fit, which the large calls
+    (the buckets that carry most bytes) decide, alpha from the calls of at most 1 MiB (what a bucket per
+    parameter pays per call). A fit of relative errors let an emulated link's burst (small calls pass at
+    loopback speed) make the per-byte cost ~25% low for DDP's 25-100 MiB buckets."""
+    beta = fit_ring(samples, relative=False).model.beta_ms_per_byte
+    p = samples[0][0]
+    small = [n for _, n, _ in samples if n <= MIB] or [min(n for _, n, _ in samples)]
+    alpha = _median((ms - 2 * (p - 1) / p * n * beta) / (2 * (p - 1)) for _, n, ms in samples if n <= max(small))
+    model = AlphaBeta(max(0.0, alpha), beta)
+    y = np.array([ms for _, _, ms in samples])
+    pred = np.array([model.allreduce_ms(n, p) for _, n, _ in samples])
+    err = np.abs(pred - y) / y * 100
+    r2 = 1 - float(((y - pred) ** 2).sum()) / float(((y - y.mean()) ** 2).sum())
+    return Fit(model, r2, float(np.median(err)), float(err.max()), len(samples))
+
+
 def _median(values) -> float:
     return float(statistics.median(values))
 
@@ -94,7 +115,7 @@ def probe_rank(ctx, cfg: TrainConfig) -> list[dict]:
         p.register_post_accumulate_grad_hook(lambda _p, i=i: stamps.__setitem__(i, time.perf_counter()))
     optimizer = torch.optim.SGD(params, lr=cfg.lr)
 
-    def iteration(cover: torch.Tensor | None = None) -> tuple[float, float, float, list[float]]:
+    def iteration(cover: torch.Tensor | None = None) -> tuple[float, float, float, list[float], float]:
         dist.barrier(group=ctx.group)
         t0 = time.perf_counter()
         loss = compute_loss(cfg.model, model, inputs)
@@ -106,31 +127,42 @@ def probe_rank(ctx, cfg: TrainConfig) -> list[dict]:
         t2 = time.perf_counter()
         if work is not None:
             work.wait()
+        covered = time.perf_counter()
         optimizer.step()
         optimizer.zero_grad(set_to_none=False)
         ctx.synchronize()
         t3 = time.perf_counter()
-        return (t1 - t0) * 1e3, (t2 - t1) * 1e3, (t3 - t2) * 1e3, [(s - t1) * 1e3 for s in stamps]
+        return (t1 - t0) * 1e3, (t2 - t1) * 1e3, (t3 - covered) * 1e3, [(s - t1) * 1e3 for s in stamps], \
+            (covered - t1) * 1e3
 
     runs = [iteration() for _ in range(cfg.warmup + cfg.iters)][cfg.warmup:]
     forward, backward, opt = (_median(r[k] for r in runs) for k in range(3))
     ready = [_median(r[3][i] for r in runs) for i in range(len(params))]
 
+    grad_bytes = sum(p.numel() * p.element_size() for p in params)
     samples = []
-    for nbytes in PROBE_SIZES:
+    for nbytes in [n for n in PROBE_SIZES if n < 2 * grad_bytes] or PROBE_SIZES[:2]:  # ... the largest bucket
         buf = torch.zeros(nbytes // 4, dtype=torch.float32, device=ctx.device)
-        times = [_timed_allreduce(buf, ctx) for _ in range(PROBE_CALLS + 1)][1:]
+        calls = PROBE_CALLS if nbytes < 32 * MIB else 2
+        times = [_timed_allreduce(buf, ctx) for _ in range(calls + 1)][1:]
         samples += [(ctx.world_size, nbytes, ms) for ms in times]
-    comm = fit_ring(samples).model if ctx.world_size > 1 else AlphaBeta(0.0, 0.0)
+        del buf
+    comm = fit_link(samples).model if ctx.world_size > 1 else AlphaBeta(0.0, 0.0)
 
-    contended = backward
+    contended, comm_contention = backward, 0.0
     if ctx.world_size > 1:  # an allreduce 1.5x as long as the backward, the same size on every rank
         steps = 2 * (ctx.world_size - 1)
         want = (1.5 * backward - steps * comm.alpha_ms) / max(steps / ctx.world_size * comm.beta_ms_per_byte, 1e-12)
-        size = torch.tensor([min(MAX_COVER_BYTES, max(PROBE_SIZES[-1], want))], dtype=torch.float64)
+        size = torch.tensor([min(MAX_COVER_BYTES, max(32 * MIB, want))], dtype=torch.float64)
         dist.all_reduce(size, op=dist.ReduceOp.MAX, group=ctx.group)
         cover = torch.zeros(int(size.item()) // 4, dtype=torch.float32, device=ctx.device)
-        contended = _median(iteration(cover)[1] for _ in range(max(2, cfg.iters // 2)))
+        runs = [iteration(cover) for _ in range(max(2, cfg.iters // 2))]
+        contended = _median(r[1] for r in runs)
+        # The allreduce ran over the whole backward; the time it took beyond its cost alone is what its bytes
+        # lost while compute ran: a share x of the backward means they moved at rate 1 - x there.
+        lost = (_median(r[4] for r in runs) - comm.allreduce_ms(cover.numel() * 4, ctx.world_size)) / contended
+        lost = min(max(lost, 0.0), 0.9)
+        comm_contention = lost / (1 - lost)
 
     grads = torch.cat([p.detach().reshape(-1) for p in params])
     copy = torch.empty_like(grads)
@@ -143,6 +175,7 @@ def probe_rank(ctx, cfg: TrainConfig) -> list[dict]:
         copy_ms.append((time.perf_counter() - t0) * 1e3)
     return [dict(rank=ctx.rank, forward_ms=forward, backward_ms=backward, optimizer_ms=opt, ready_ms=ready,
                  param_bytes=[p.numel() * p.element_size() for p in params], contended_backward_ms=contended,
+                 comm_contention=comm_contention,
                  comm_samples=samples, copy_ms_per_byte=_median(copy_ms[1:]) / (grads.numel() * grads.itemsize),
                  buffer_bytes=sum(b.numel() * b.element_size() for b in model.buffers()))]
 
@@ -155,12 +188,13 @@ def calibrate(cfg: TrainConfig) -> Calibration:
     backward = max(r["backward_ms"] for r in rows)
     contended = max(r["contended_backward_ms"] for r in rows)
     samples = [tuple(s) for s in rows[0]["comm_samples"]]
-    fit = fit_ring(samples) if cfg.world_size > 1 else None
+    fit = fit_link(samples) if cfg.world_size > 1 else None
     profile = ComputeProfile(param_bytes=tuple(rows[0]["param_bytes"]), backward_ms=backward,
                              ready_ms=tuple(min(r, backward) for r in ready),
                              forward_ms=_median(r["forward_ms"] for r in rows),
                              optimizer_ms=_median(r["optimizer_ms"] for r in rows),
-                             contention=max(0.0, contended / backward - 1))
+                             contention=max(0.0, contended / backward - 1),
+                             comm_contention=_median(r["comm_contention"] for r in rows))
     point = {**config_columns(cfg), "net_rate_mbit": rows[0].get("net_rate_mbit")}
     now = datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")
     meta = dict(version=VERSION, created_at=now, git_commit=git_commit(), **machine_metadata())

@@ -28,7 +28,8 @@ class ComputeProfile:
 
     ``ready_ms[i]``: when parameter i's gradient is ready, from the start of backward, with no communication
     running; ``other_ms``: per-iteration time outside the named phases; ``contention``: while any allreduce is
-    in flight, backward compute runs at rate 1/(1+contention) (on CPU, e.g. backward 190 -> 246 ms with overlap).
+    in flight, backward compute runs at rate 1/(1+contention) (on CPU, e.g. backward 190 -> 246 ms with overlap);
+    ``comm_contention``: the other way round, the allreduce's bytes while backward computes (both share cores).
     """
 
     param_bytes: tuple[int, ...]
@@ -38,13 +39,15 @@ class ComputeProfile:
     optimizer_ms: float
     other_ms: float = 0.0
     contention: float = 0.0
+    comm_contention: float = 0.0  # while backward computes, allreduce bytes move at rate 1/(1+comm_contention)
 
     def __post_init__(self):
         object.__setattr__(self, "param_bytes", tuple(int(b) for b in self.param_bytes))
         object.__setattr__(self, "ready_ms", tuple(float(r) for r in self.ready_ms))
         if len(self.param_bytes) != len(self.ready_ms):
             raise ValueError(f"{len(self.param_bytes)} parameter sizes but {len(self.ready_ms)} ready times")
-        times = (*self.ready_ms, self.backward_ms, self.forward_ms, self.optimizer_ms, self.other_ms, self.contention)
+        times = (*self.ready_ms, self.backward_ms, self.forward_ms, self.optimizer_ms, self.other_ms, self.contention,
+                 self.comm_contention)
         if min(self.param_bytes, default=0) < 0 or any(not (math.isfinite(t) and t >= 0) for t in times):
             raise ValueError("sizes, times and contention must be finite and >= 0")
         if max(self.ready_ms, default=0.0) > self.backward_ms:
@@ -125,8 +128,9 @@ def _backward(p: ComputeProfile, buckets, comm: CommModel, world_size: int, over
         if compute_end is not None and not running:
             return ready, launch, start, done, compute_end
         rate = 1.0 / (1.0 + p.contention) if running else 1.0
+        slow = 1.0 + p.comm_contention if compute_end is None else 1.0  # bytes move slower while compute runs
         sharing = sum(1 for job in running.values() if job[1] <= 0)
-        steps = [job[1] if job[1] > 0 else job[2] * sharing for job in running.values()]
+        steps = [job[1] if job[1] > 0 else job[2] * sharing * slow for job in running.values()]
         if compute_end is None:
             target = min([needs[b] for b in range(n) if ready[b] is None] + [p.backward_ms])
             steps.append((target - progress) / rate)
@@ -138,7 +142,7 @@ def _backward(p: ComputeProfile, buckets, comm: CommModel, world_size: int, over
             if job[1] > 0:
                 job[1] = 0.0 if job[1] - dt <= EPS else job[1] - dt
             else:
-                job[2] -= dt / sharing
+                job[2] -= dt / sharing / slow
 
 
 def simulate(profile: ComputeProfile, buckets: list[Bucket], comm: CommModel, world_size: int, *,

@@ -69,3 +69,12 @@ def test_predict_command_probes_stores_and_reuses_a_calibration(tmp_path):
     assert json.loads(again.stdout.strip().splitlines()[-1])["predicted_ms"] == pytest.approx(out["predicted_ms"])
     wrong = _predict("--model=resnet50", f"--calibration={stored}", cwd=tmp_path)
     assert wrong.returncode != 0 and "was probed with model='small'" in wrong.stderr
+
+
+def test_tune_recommends_the_cap_with_the_lowest_predicted_latency():
+    from experiments.tune import recommend
+
+    # one bucket: both gradients copied by 14 ms, one call of 800 bytes 14 -> 14 + 1 + 8 = 23, copy out 27,
+    # total 5 + 1 + 27 + 2 = 35; one bucket per gradient: 31 (above)
+    cap, curve = recommend(_calibration(buffer_bytes=100), (0, 1000))
+    assert cap == 0 and curve == pytest.approx({0: 31.0, 1000: 35.0})

@@ -177,3 +177,13 @@ def test_bad_profiles_rejected():
         ComputeProfile((4,), (3.0,), 2.0, 1.0, 1.0)
     with pytest.raises(ValueError, match="sizes"):
         ComputeProfile((4, 4), (1.0,), 2.0, 1.0, 1.0)
+
+
+def test_comm_contention_slows_the_bytes_while_backward_computes():
+    # bucket 0 (p1) ready at 4: latency 4 -> 5, then 4 ms of bytes at half speed until compute ends at 10
+    # (2.5 done), the last 1.5 at full speed: done 11.5. Bucket 1 (p0) ready at 10 waits for the channel:
+    # 11.5 -> 12.5 latency -> 16.5 bytes. Synced: 5 + 16.5 + 2 = 23.5 (22 without comm_contention).
+    slow = ComputeProfile(param_bytes=(400, 400), ready_ms=(10.0, 4.0), backward_ms=10.0, forward_ms=5.0,
+                          optimizer_ms=2.0, comm_contention=1.0)
+    pred = simulate(slow, buckets_for(slow, 0), COMM, 2)
+    assert pred.done_ms == pytest.approx((11.5, 16.5)) and pred.total_ms == pytest.approx(23.5)

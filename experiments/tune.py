@@ -1,0 +1,129 @@
+"""Recommend a bucket cap from the calibrated simulator, then measure the recommendation.
+
+    make tune                                            ResNet50, 2 ranks, --net=auto (~5 min on 2 cores)
+    make tune ARGS="--model=bert-base --world_size=3 --net=1gbit"
+    python -m experiments.tune --model=resnet50 --measure=false      the prediction only (~1 min)
+
+A fresh calibration probe (:mod:`simulator.calibrate`) on the point's own ranks and link, the predicted latency
+for every cap of ``grid_mb`` (the curve), and the cap it minimizes. Then, unless ``--measure=false``, the
+recommendation, torch's default (25 MiB) and the caps of ``measure_mb`` are measured in interleaved repetitions
+(stored as experiment ``tune``), and the recommendation is set beside the best measured cap as a paired ratio
+with its interval. Writes ``results/figures/tune.png``.
+"""
+from __future__ import annotations
+
+import dataclasses
+import sys
+from dataclasses import dataclass
+
+import numpy as np
+
+from experiments import common, verdicts
+from harness import TrainConfig, parse_dataclass, run_sweep
+from harness.config import validate
+from harness.errors import command_line, refusing
+from harness.results import load_results, results_root
+
+EXPERIMENT = "tune"
+DEFAULT_CAP_MB = 25.0  # torch's
+
+
+@dataclass(frozen=True)
+class Config:
+    """Every field is a --key=value override."""
+
+    model: str = "resnet50"
+    world_size: int = 2
+    net: str = "auto"
+    grid_mb: tuple[float, ...] = (0, 0.5, 1, 2, 5, 10, 25, 50, 100, 200, 1000)
+    measure: bool = True
+    measure_mb: tuple[float, ...] = (0, 1, 5, 25, 100, 1000)
+    repeats: int = 3
+    iters: int = 4
+    warmup: int = 1
+
+
+def recommend(cal, grid_mb) -> tuple[float, dict[float, float]]:
+    """The cap with the lowest predicted latency, and the predicted curve (ms per cap)."""
+    from simulator.predict import Scenario, predict
+
+    curve = {cap: predict(cal, Scenario(bucket_cap_mb=cap))["predicted_ms"] for cap in grid_mb}
+    return min(curve, key=curve.get), curve
+
+
+def run(cfg: Config, root=None) -> dict:
+    from experiments.predict import calibration_path
+    from simulator.calibrate import calibrate
+
+    with refusing():
+        probe = validate(TrainConfig(model=cfg.model, world_size=cfg.world_size, net=cfg.net, impl="ours",
+                                     iters=cfg.iters, warmup=cfg.warmup))
+    cal = calibrate(probe)
+    cal.save(results_root(root) / EXPERIMENT / "calibrations" / calibration_path(probe).name)
+    best_cap, curve = recommend(cal, cfg.grid_mb)
+    out = dict(recommended_mb=best_cap, predicted=curve, measured=None)
+    if cfg.measure:
+        caps = sorted({*cfg.measure_mb, best_cap, DEFAULT_CAP_MB})
+        points = [dataclasses.replace(probe, bucket_cap_mb=cap, repeat=r) for r in range(cfg.repeats) for cap in caps]
+        df = run_sweep(EXPERIMENT, points, root=root)
+        ok = common.ok_rows(df)
+        ok = ok[(ok["model"] == probe.model) & (ok["world_size"] == probe.world_size) & (ok["net"] == probe.net)
+                & ok["bucket_cap_mb"].isin(caps)]
+        out["measured"] = verdicts.repeat_medians(ok, ["bucket_cap_mb"])
+    return out
+
+
+def report(out: dict) -> str:
+    lines = [f"recommended cap: {out['recommended_mb']:g} MiB (predicted {out['predicted'][out['recommended_mb']]:.0f}"
+             f" ms; torch's default 25 MiB predicted {out['predicted'].get(DEFAULT_CAP_MB, np.nan):.0f} ms)"]
+    per = out["measured"]
+    if per is not None and len(per):
+        best, tied = verdicts.best_options(per)
+        rec, default = out["recommended_mb"], DEFAULT_CAP_MB
+        for name, cap in (("recommended", rec), ("torch's default", default)):
+            ratio = verdicts.spread(verdicts.paired_ratios(per, cap, best))
+            lines.append(f"measured {name} {cap:g} MiB: {verdicts.spread(per.xs(cap)).fmt()}, "
+                         f"{ratio.fmt('x', 3)} of the best measured ({best:g} MiB)")
+        lines.append(f"caps not worse than the best beyond the noise: {', '.join(f'{c:g}' for c in tied)} MiB; "
+                     f"the recommendation is {'among' if rec in tied else 'NOT among'} them")
+    return "\n".join(lines)
+
+
+def plot(out: dict, cfg: Config, root=None):
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(6.5, 4))
+    caps = sorted(out["predicted"])
+    x = [max(c, 0.1) for c in caps]  # 0 MiB drawn at 0.1 on the log axis
+    ax.plot(x, [out["predicted"][c] for c in caps], "--", color="C0", label="predicted (simulated)")
+    rec = out["recommended_mb"]
+    ax.plot([max(rec, 0.1)], [out["predicted"][rec]], "*", ms=14, color="C0", label=f"recommended: {rec:g} MiB")
+    per = out["measured"]
+    if per is not None and len(per):
+        for cap, values in per.groupby(level=0):
+            ax.plot([max(cap, 0.1)] * len(values), values.to_numpy(), "o", color="C1", ms=4, alpha=0.7)
+        med = per.groupby(level=0).median()
+        ax.plot([max(c, 0.1) for c in med.index], med.to_numpy(), "-", color="C1",
+                label="measured (repetition medians)")
+    ax.set(xscale="log", xlabel="bucket cap (MiB; 0 drawn at 0.1)", ylabel="ms per iteration")
+    ax.legend(fontsize=8)
+    common.finish(fig, f"Bucket cap tuning: {cfg.model}, {cfg.world_size} ranks, net={cfg.net}", "", load_results(
+        EXPERIMENT, root), note=". Predicted: the calibrated simulator (experiments/predict.py); measured: ours, "
+                                "interleaved repetitions")
+    return common.save(fig, EXPERIMENT, root)
+
+
+def main(argv: list[str] | None = None) -> int:
+    prog = "python -m experiments.tune"
+
+    def body() -> int:
+        cfg = parse_dataclass(Config, argv, prog=prog)
+        out = run(cfg)
+        print(report(out))
+        print(f"wrote {plot(out, cfg)}")
+        return 0
+    return command_line(prog, body)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
