@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from simulator import AlphaBeta, ComputeProfile
+from simulator import AlphaBeta, ComputeProfile, fit_ring
 from simulator.calibrate import VERSION, Calibration
 from simulator.predict import Scenario, predict, with_bucket_copies
 
@@ -78,3 +78,18 @@ def test_tune_recommends_the_cap_with_the_lowest_predicted_latency():
     # total 5 + 1 + 27 + 2 = 35; one bucket per gradient: 31 (above)
     cap, curve = recommend(_calibration(buffer_bytes=100), (0, 1000))
     assert cap == 0 and curve == pytest.approx({0: 31.0, 1000: 35.0})
+
+
+def test_link_fit_takes_the_rate_from_large_calls_despite_a_burst():
+    from simulator.calibrate import MIB, fit_link
+
+    link = AlphaBeta(0.3, 1.6e-5)  # 500 Mbit/s
+    sizes = (4096, 65536, MIB, 8 * MIB, 32 * MIB, 128 * MIB)
+    exact = fit_link([(2, n, link.allreduce_ms(n, 2)) for n in sizes for _ in range(2)])
+    assert exact.model.alpha_ms == pytest.approx(0.3, rel=1e-6) and exact.model.beta_ms_per_byte == pytest.approx(
+        1.6e-5, rel=1e-6)
+    # a burst: calls up to 1 MiB pass at 5x the rate (as tbf lets a burst through); the large calls set beta
+    burst = [(2, n, link.allreduce_ms(n, 2) if n > MIB else 0.6 + n * 1.6e-5 / 5) for n in sizes for _ in range(2)]
+    fit = fit_link(burst)
+    assert fit.model.beta_ms_per_byte == pytest.approx(1.6e-5, rel=0.02)
+    assert fit_ring(burst).model.beta_ms_per_byte < 0.9 * 1.6e-5  # what a relative fit made of it
