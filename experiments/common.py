@@ -184,10 +184,10 @@ def finish(fig, text: str, paper: str, rows: pd.DataFrame, note: str = "", unava
 
 
 def title(fig, text: str, paper: str) -> int:
-    """Figure title plus the paper's claim, wrapped to the figure's width (a wider title widens saved figures);
+    """Figure title plus the paper's claim (if any), wrapped to the figure's width (a wider title widens saved figures);
     returns how many lines it took."""
     chars = max(40, int(fig.get_figwidth() * 11))  # ~11 characters per inch at 10 pt
-    lines = textwrap.wrap(text, chars) + textwrap.wrap(f"paper: {paper}", chars)
+    lines = textwrap.wrap(text, chars) + (textwrap.wrap(f"paper: {paper}", chars) if paper else [])
     fig.suptitle("\n".join(lines), fontsize=10)
     return len(lines)
 

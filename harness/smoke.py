@@ -2,11 +2,12 @@
 every rank ends with the same parameters and write them, so a run on H hosts can be compared with one host.
 
     torchrun --nnodes=2 --nproc-per-node=2 --rdzv-backend=c10d --rdzv-endpoint=HOST0:29400 --rdzv-id=smoke \\
-        --local-addr=THIS_HOST_ADDRESS -m harness.smoke --out=/shared/smoke.pt
+        --local-addr=THIS_HOST_ADDRESS --rdzv-conf=is_host=1 (on HOST0; 0 elsewhere) -m harness.smoke --out=smoke.pt
 
 Every rank trains on its own seeded batches (seeded by global rank, so the job's result depends only on the
 world size, not on how ranks are spread over hosts). Rank 0 writes the final ``state_dict`` to ``--out`` and
-prints one JSON line (world size, hosts, a checksum of the parameters). Exit status 1 if ranks disagree.
+prints one JSON line (world size, hosts, a checksum of the parameters). Exit status 1 if ranks' parameters
+disagree.
 """
 from __future__ import annotations
 
@@ -40,7 +41,9 @@ def train(iters: int, backend: str, timeout_s: float) -> tuple[dict, dict]:
         torch.nn.functional.cross_entropy(model(x), y).backward()
         opt.step()
     state = {k: v.detach().cpu() for k, v in model.module.state_dict().items()}
-    mine = torch.stack([v.double().sum() for v in state.values() if v.is_floating_point()]).sum().item()
+    # parameters only: BatchNorm's running statistics are broadcast from rank 0 before each forward, then each
+    # rank updates them with its own batch, so they differ between ranks after training (as with torch's DDP)
+    mine = torch.stack([p.detach().double().sum() for p in model.module.parameters()]).sum().item()
     everyone: list = [None] * world
     dist.all_gather_object(everyone, (mine, socket.gethostname(), os.environ.get("GLOO_SOCKET_IFNAME", "")))
     summary = dict(world_size=world, checksum=mine, ranks_agree=len({c for c, _, _ in everyone}) == 1,
@@ -62,6 +65,7 @@ def main(argv=None) -> int:
         if ns.out:
             torch.save(state, ns.out)
         print(json.dumps(summary), flush=True)
+    dist.barrier()  # no rank leaves while another still talks to it
     dist.destroy_process_group()
     return 0 if summary["ranks_agree"] else 1
 

@@ -96,7 +96,7 @@ def no_launch(monkeypatch):
     (dict(sync_every=0), "sync_every must be a positive finite number, got 0"),
     (dict(batch_size=0), "batch_size must be a positive finite number, got 0"),
     (dict(eval_every=0), "eval_every must be a positive finite number, got 0"),
-    (dict(lr=0.0), "lr must be positive"),
+    (dict(lr=0.0), "lr must be a positive finite number"),
     (dict(momentum=1.0), "momentum must be in"),
     (dict(test_fraction=1.0), "test_fraction must be in"),
 ])

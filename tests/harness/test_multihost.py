@@ -79,7 +79,8 @@ def test_two_hosts_train_to_the_same_parameters_as_one(two_hosts, tmp_path, rank
     procs = [subprocess.Popen(["ip", "netns", "exec", ns, *TORCHRUN, "--nnodes=2",
                                f"--nproc-per-node={ranks_per_host}", "--rdzv-backend=c10d",
                                f"--rdzv-endpoint={head}:{PORT}", f"--rdzv-id=smoke{ranks_per_host}",
-                               f"--local-addr={addr}", "-m", "harness.smoke", f"--out={tmp_path / 'two.pt'}"],
+                               f"--local-addr={addr}", f"--rdzv-conf=is_host={int(addr == head)}", "-m",
+                               "harness.smoke", f"--out={tmp_path / 'two.pt'}"],
                               env=_env(dev), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
               for ns, addr, dev in two_hosts]
     (summary,) = _finish(procs)  # rank 0 (on one of the hosts) prints it
