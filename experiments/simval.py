@@ -22,7 +22,7 @@ import pandas as pd
 from experiments import common
 from harness import TrainConfig, parse_dataclass, run_sweep
 from harness.config import point_id, validate
-from harness.errors import command_line
+from harness.errors import ConfigError, command_line
 from harness.results import load_results, results_root, stored_point_ids
 
 EXPERIMENT = "simval"
@@ -79,7 +79,10 @@ def run(cfg: Config, root=None) -> pd.DataFrame:
     for probe, points in groups(cfg):
         path = results_root(root) / EXPERIMENT / "calibrations" / calibration_path(probe).name
         if path.exists() and {point_id(validate(p)) for p in points} <= stored_point_ids(EXPERIMENT, root):
-            cal = Calibration.load(path)
+            try:
+                cal = Calibration.load(path)
+            except ValueError as exc:  # an older probe's: its points were measured beside it
+                raise ConfigError(f"{exc}. Move {path.parent.parent} aside to validate this version") from exc
         else:
             cal = calibrate(probe)
             cal.save(path)

@@ -38,10 +38,11 @@ from harness.runner import machine_metadata
 from .comm import AlphaBeta, Fit, fit_ring
 from .iteration import ComputeProfile
 
-VERSION = 3  # 3: comm_contention; 2: allreduce probe sizes up to the gradient's (1 stopped at 32 MiB, and an
-#              emulated link's burst made its fitted rate ~25% fast for the 100 MiB buckets DDP sends)
+VERSION = 4  # 4: alpha from a stream of calls; 3: comm_contention; 2: probe sizes up to the gradient's (1
+#              stopped at 32 MiB, and an emulated link's burst made its fitted rate ~25% fast for DDP's buckets)
 MIB = 1024 * 1024
 PROBE_SIZES = (4 * 1024, 64 * 1024, MIB, 8 * MIB, 32 * MIB, 128 * MIB)  # bytes per allreduce call, up to ...
+STREAM_CALLS = 64  # 4 KiB calls launched back to back: the per-call latency DDP's buckets pay
 PROBE_CALLS = 3  # timed calls per size, after one warm-up call (2 for calls of 32 MiB and more)
 MAX_COVER_BYTES = 512 * 1024 * 1024  # the contention probe's allreduce never allocates more
 
@@ -84,9 +85,13 @@ def fit_link(samples) -> Fit:
     p = samples[0][0]
     small = [n for _, n, _ in samples if n <= MIB] or [min(n for _, n, _ in samples)]
     alpha = _median((ms - 2 * (p - 1) / p * n * beta) / (2 * (p - 1)) for _, n, ms in samples if n <= max(small))
-    model = AlphaBeta(max(0.0, alpha), beta)
+    return _fit_of(AlphaBeta(max(0.0, alpha), beta), samples)
+
+
+def _fit_of(model: AlphaBeta, samples) -> Fit:
+    """How well ``model`` reproduces the probe's calls."""
     y = np.array([ms for _, _, ms in samples])
-    pred = np.array([model.allreduce_ms(n, p) for _, n, _ in samples])
+    pred = np.array([model.allreduce_ms(n, p) for p, n, _ in samples])
     err = np.abs(pred - y) / y * 100
     r2 = 1 - float(((y - pred) ** 2).sum()) / float(((y - y.mean()) ** 2).sum())
     return Fit(model, r2, float(np.median(err)), float(err.max()), len(samples))
@@ -148,6 +153,15 @@ def probe_rank(ctx, cfg: TrainConfig) -> list[dict]:
         samples += [(ctx.world_size, nbytes, ms) for ms in times]
         del buf
     comm = fit_link(samples).model if ctx.world_size > 1 else AlphaBeta(0.0, 0.0)
+    # A stream of small calls launched back to back, as DDP launches its buckets: what one call adds there
+    # (barrier-separated calls also pay each round trip's wake-up, which a stream overlaps).
+    stream = torch.zeros(STREAM_CALLS * 1024, dtype=torch.float32, device=ctx.device).split(1024)
+    dist.barrier(group=ctx.group)
+    t0 = time.perf_counter()
+    for work in [dist.all_reduce(chunk, group=ctx.group, async_op=True) for chunk in stream]:
+        work.wait()
+    ctx.synchronize()
+    stream_call_ms = (time.perf_counter() - t0) * 1e3 / STREAM_CALLS
 
     contended, comm_contention = backward, 0.0
     if ctx.world_size > 1:  # an allreduce 1.5x as long as the backward, the same size on every rank
@@ -175,7 +189,7 @@ def probe_rank(ctx, cfg: TrainConfig) -> list[dict]:
         copy_ms.append((time.perf_counter() - t0) * 1e3)
     return [dict(rank=ctx.rank, forward_ms=forward, backward_ms=backward, optimizer_ms=opt, ready_ms=ready,
                  param_bytes=[p.numel() * p.element_size() for p in params], contended_backward_ms=contended,
-                 comm_contention=comm_contention,
+                 comm_contention=comm_contention, stream_call_ms=stream_call_ms,
                  comm_samples=samples, copy_ms_per_byte=_median(copy_ms[1:]) / (grads.numel() * grads.itemsize),
                  buffer_bytes=sum(b.numel() * b.element_size() for b in model.buffers()))]
 
@@ -189,6 +203,10 @@ def calibrate(cfg: TrainConfig) -> Calibration:
     contended = max(r["contended_backward_ms"] for r in rows)
     samples = [tuple(s) for s in rows[0]["comm_samples"]]
     fit = fit_link(samples) if cfg.world_size > 1 else None
+    if fit is not None:  # alpha as a stream of DDP's calls pays it (4 KiB calls: the bytes term is negligible)
+        steps = 2 * (cfg.world_size - 1)
+        alpha = _median(r["stream_call_ms"] for r in rows) / steps
+        fit = _fit_of(AlphaBeta(alpha, fit.model.beta_ms_per_byte), samples)
     profile = ComputeProfile(param_bytes=tuple(rows[0]["param_bytes"]), backward_ms=backward,
                              ready_ms=tuple(min(r, backward) for r in ready),
                              forward_ms=_median(r["forward_ms"] for r in rows),
