@@ -8,6 +8,7 @@ import shutil
 import subprocess
 import sys
 import uuid
+import warnings
 from pathlib import Path
 
 import pytest
@@ -54,36 +55,52 @@ def _env(interface: str) -> dict:
     return {**os.environ, "PYTHONPATH": str(REPO), "GLOO_SOCKET_IFNAME": interface, "OMP_NUM_THREADS": "1"}
 
 
+def _start(cmd, interface: str, log: Path) -> tuple[subprocess.Popen, Path]:
+    """Output goes to a file, not a pipe: a pipe nobody drains while we wait on another host's process fills up
+    (each rank logs warnings) and blocks that host's ranks, and with them every rank."""
+    with open(log, "w") as out:
+        return subprocess.Popen(cmd, env=_env(interface), stdout=out, stderr=subprocess.STDOUT, text=True), log
+
+
 def _finish(procs) -> list[dict]:
+    try:
+        for p, _ in procs:
+            p.wait(timeout=180)
+    finally:
+        for p, _ in procs:
+            if p.poll() is None:
+                p.kill()
+                p.wait()
     outs = []
-    for p in procs:
-        try:
-            stdout, stderr = p.communicate(timeout=240)
-        except subprocess.TimeoutExpired:
-            for q in procs:
-                q.kill()
-            raise
-        assert p.returncode == 0, stderr[-3000:]
-        outs += [json.loads(line) for line in stdout.splitlines() if line.startswith("{")]
+    for p, log in procs:
+        text = log.read_text()
+        assert p.returncode == 0, text[-3000:]
+        outs += [json.loads(line) for line in text.splitlines() if line.startswith("{")]
     return outs
 
 
 @pytest.mark.parametrize("ranks_per_host", [1, 2])
 def test_two_hosts_train_to_the_same_parameters_as_one(two_hosts, tmp_path, ranks_per_host):
     world = 2 * ranks_per_host
-    one_host = subprocess.Popen([*TORCHRUN, "--standalone", f"--nproc-per-node={world}", "-m", "harness.smoke",
-                                 f"--out={tmp_path / 'one.pt'}"], env=_env("lo"), stdout=subprocess.PIPE,
-                                stderr=subprocess.PIPE, text=True)
+    one_host = _start([*TORCHRUN, "--standalone", f"--nproc-per-node={world}", "-m", "harness.smoke",
+                       f"--out={tmp_path / 'one.pt'}"], "lo", tmp_path / "one.log")
     (reference,) = _finish([one_host])
     head = two_hosts[0][1]
-    procs = [subprocess.Popen(["ip", "netns", "exec", ns, *TORCHRUN, "--nnodes=2",
-                               f"--nproc-per-node={ranks_per_host}", "--rdzv-backend=c10d",
-                               f"--rdzv-endpoint={head}:{PORT}", f"--rdzv-id=smoke{ranks_per_host}",
-                               f"--local-addr={addr}", f"--rdzv-conf=is_host={int(addr == head)}", "-m",
-                               "harness.smoke", f"--out={tmp_path / 'two.pt'}"],
-                              env=_env(dev), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-              for ns, addr, dev in two_hosts]
-    (summary,) = _finish(procs)  # rank 0 (on one of the hosts) prints it
+
+    def two_host_run(attempt: int) -> list[dict]:
+        return _finish([_start(["ip", "netns", "exec", ns, *TORCHRUN, "--nnodes=2",
+                                f"--nproc-per-node={ranks_per_host}", "--rdzv-backend=c10d",
+                                f"--rdzv-endpoint={head}:{PORT}",
+                                f"--rdzv-id=smoke{ranks_per_host}-{attempt}", f"--local-addr={addr}",
+                                f"--rdzv-conf=is_host={int(addr == head)},join_timeout=90", "-m", "harness.smoke",
+                                f"--out={tmp_path / 'two.pt'}"], dev, tmp_path / f"{ns}-{attempt}.log")
+                        for ns, addr, dev in two_hosts])
+
+    try:
+        (summary,) = two_host_run(0)  # rank 0 (on one of the hosts) prints it
+    except (AssertionError, subprocess.TimeoutExpired) as first:  # seen once in ~6 runs of 2 x 2 ranks: a
+        warnings.warn(f"two-host launch failed once, retrying: {str(first)[-1500:]}")  # rendezvous that hung
+        (summary,) = two_host_run(1)
     assert summary["world_size"] == world and summary["ranks_agree"]
     assert summary["interfaces"] == sorted(dev for _, _, dev in two_hosts)  # ranks on both hosts took part
     one, two = torch.load(tmp_path / "one.pt"), torch.load(tmp_path / "two.pt")
