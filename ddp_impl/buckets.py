@@ -77,7 +77,7 @@ def assign_buckets(specs: Sequence[ParamSpec], cap_bytes: int | Sequence[int], f
     else:
         limits = list(cap_bytes)
     if not limits or min(limits) < 0 or (first_cap_bytes is not None and first_cap_bytes < 0):
-        raise ValueError(f"bucket caps must be finite and >= 0 bytes, got cap={cap_bytes}, first={first_cap_bytes}")
+        raise ValueError(f"bucket caps must be >= 0 bytes, got cap={cap_bytes}, first={first_cap_bytes}")
     if order is None:
         order = range(len(specs) - 1, -1, -1)
     order = list(order)

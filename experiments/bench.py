@@ -32,7 +32,7 @@ from harness.config import MODELS, PROFILES, auto_profile_backend, parse_datacla
 from harness.env import in_place, is_writer
 from harness.errors import command_line, refusing
 from harness.launch import BACKENDS, RankContext, check_backend, launch
-from harness.models import build_model, input_spec, make_inputs
+from harness.models import input_spec, make_inputs, seeded_model
 from harness.results import git_commit, results_root, write_csv_atomic
 from harness.runner import machine_metadata, timed_iteration, wrap
 from harness.stats import bootstrap_median_ci, pooled_geomean_ci, ratio_of_medians_ci
@@ -91,8 +91,7 @@ def validate_bench(cfg: BenchConfig) -> BenchConfig:
 
 # ---------------------------------------------------------------------------------------------- on each rank
 def _fresh(name: str, ctx: RankContext, seed: int):
-    torch.manual_seed(seed)
-    return build_model(name).to(ctx.device)
+    return seeded_model(name, seed).to(ctx.device)  # built once per rank, copied for each variant
 
 
 def _iteration(name, model, opt, inputs, ctx: RankContext) -> dict:

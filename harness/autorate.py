@@ -3,7 +3,7 @@
 ``auto`` is the rate at which one ring allreduce of the model's whole gradient takes as long as its backward
 (the regime of the paper's Figure 2): the backward is timed on the point's own ranks computing at once without
 DDP, and cached per (model, profile, batch, threads, ranks) for the sweep process. The rate is applied by
-:func:`harness.netem.launch_in_namespace`.
+:class:`harness.netem.NamespacePool`.
 """
 from __future__ import annotations
 

@@ -11,7 +11,7 @@
 * In place (RANK set, e.g. ``torchrun``/SLURM): env:// rendezvous (RANK, WORLD_SIZE, LOCAL_RANK,
   MASTER_ADDR/PORT); ``fn`` runs in this process and results are all-gathered, so every rank gets the list.
   The default process group is created once and reused by later launches in the same job.
-* Emulated network: :func:`harness.netem.launch_in_namespace` runs this launcher inside a private network
+* Emulated network: :class:`harness.netem.NamespacePool` keeps a :class:`RankPool` inside a private network
   namespace (the sweep picks it for points with a ``net``); this module knows nothing of it.
 
 Every process group gets ``timeout_s``, so a collective waiting on a hung or dead peer raises instead of
@@ -305,7 +305,7 @@ def launch(fn: Callable[..., Any], world_size: int, backend: str = "gloo", *, ar
     ``fn`` must be a module-level function (it is pickled into spawned ranks). ``timeout_s`` is the
     process-group timeout; ``threads`` (0 = auto) the torch threads per rank; ``deadline_s`` an optional
     wall-clock limit for the whole launch (spawned mode). Raises :class:`LaunchError` if any rank fails.
-    (Ranks behind an emulated network: ``harness.netem.launch_in_namespace``, which calls this inside.)
+    (Ranks behind an emulated network: ``harness.netem.NamespacePool``, which runs a :class:`RankPool` inside.)
     """
     refuse_in_bootstrapping_child()
     if world_size < 1:

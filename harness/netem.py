@@ -10,10 +10,10 @@ that is slower than memory and does not burn the compute's cores. ``net`` (a fie
                          backward (the regime of the paper's Figure 2), measured here on the point's ranks
                          without DDP (:mod:`harness.autorate`); cached per model/profile/batch/threads/ranks
 
-How: a :class:`NamespacePool` (the sweep keeps one per network and rank count; ``launch_in_namespace`` uses
-one once) runs ``unshare -rn <python> -c <_helper>``: a helper in a new user+network namespace brings its
-``lo`` up, shapes it with ``tc qdisc add dev lo root tbf rate <world_size x R> burst <B> limit <L>`` and keeps
-a :class:`~harness.launch.RankPool` whose ranks inherit the namespace. Requests travel as JSON lines: ``fn`` by
+How: a :class:`NamespacePool` (the sweep keeps one per network and rank count) runs ``unshare -rn <python> -c
+<_helper>``: a helper in a new user+network namespace brings its ``lo`` up, shapes it with ``tc qdisc add dev
+lo root tbf rate <world_size x R> burst <B> limit <L>`` and keeps a :class:`~harness.launch.RankPool` whose
+ranks inherit the namespace. Requests travel as JSON lines: ``fn`` by
 import name, its arguments as plain values and dataclasses; per-rank results come back as JSON (tuples come back
 as lists). Nothing is pickled and the host's network is never touched: the namespace, its ``lo`` and qdisc
 vanish with the helper.
@@ -256,13 +256,6 @@ class NamespacePool:
                 pass
             proc.wait()
         self._answers.close()
-
-
-def launch_in_namespace(fn, world_size: int, backend: str, args, timeout_s: float, threads: int,
-                        deadline_s: float | None, rate_mbit: float) -> list:
-    """One spawned launch inside a fresh namespace whose lo gives every rank ``rate_mbit``; results by rank."""
-    with NamespacePool(world_size, backend, rate_mbit=rate_mbit, timeout_s=timeout_s, threads=threads) as pool:
-        return pool.run(fn, args, deadline_s)
 
 
 # --------------------------------------------------------------------------- helper (inside the namespace)

@@ -76,20 +76,18 @@ class Calibration:
         return cls(**{**raw, "profile": ComputeProfile(**raw["profile"]), "comm": AlphaBeta(**raw["comm"])})
 
 
-def fit_link(samples) -> Fit:
+def fit_link(samples, alpha_ms: float | None = None) -> Fit:
     """The ring model as DDP's buckets see the link: beta from a plain least-squares fit, which the large calls
-    (the buckets that carry most bytes) decide, alpha from the calls of at most 1 MiB (what a bucket per
-    parameter pays per call). A fit of relative errors let an emulated link's burst (small calls pass at
-    loopback speed) make the per-byte cost ~25% low for DDP's 25-100 MiB buckets."""
+    (the buckets that carry most bytes) decide; alpha as given (the probe's stream of calls) or else from the
+    calls of at most 1 MiB. A fit of relative errors let an emulated link's burst (small calls pass at loopback
+    speed) make the per-byte cost ~25% low for DDP's 25-100 MiB buckets. Quality is of the returned model."""
     beta = fit_ring(samples, relative=False).model.beta_ms_per_byte
     p = samples[0][0]
-    small = [n for _, n, _ in samples if n <= MIB] or [min(n for _, n, _ in samples)]
-    alpha = _median((ms - 2 * (p - 1) / p * n * beta) / (2 * (p - 1)) for _, n, ms in samples if n <= max(small))
-    return _fit_of(AlphaBeta(max(0.0, alpha), beta), samples)
-
-
-def _fit_of(model: AlphaBeta, samples) -> Fit:
-    """How well ``model`` reproduces the probe's calls."""
+    if alpha_ms is None:
+        small = [n for _, n, _ in samples if n <= MIB] or [min(n for _, n, _ in samples)]
+        alpha_ms = _median((ms - 2 * (p - 1) / p * n * beta) / (2 * (p - 1))
+                           for _, n, ms in samples if n <= max(small))
+    model = AlphaBeta(max(0.0, alpha_ms), beta)
     y = np.array([ms for _, _, ms in samples])
     pred = np.array([model.allreduce_ms(n, p) for p, n, _ in samples])
     err = np.abs(pred - y) / y * 100
@@ -202,11 +200,9 @@ def calibrate(cfg: TrainConfig) -> Calibration:
     backward = max(r["backward_ms"] for r in rows)
     contended = max(r["contended_backward_ms"] for r in rows)
     samples = [tuple(s) for s in rows[0]["comm_samples"]]
-    fit = fit_link(samples) if cfg.world_size > 1 else None
-    if fit is not None:  # alpha as a stream of DDP's calls pays it (4 KiB calls: the bytes term is negligible)
-        steps = 2 * (cfg.world_size - 1)
-        alpha = _median(r["stream_call_ms"] for r in rows) / steps
-        fit = _fit_of(AlphaBeta(alpha, fit.model.beta_ms_per_byte), samples)
+    fit = None
+    if cfg.world_size > 1:  # alpha as a stream of DDP's calls pays it (4 KiB calls: the bytes term is negligible)
+        fit = fit_link(samples, alpha_ms=_median(r["stream_call_ms"] for r in rows) / (2 * (cfg.world_size - 1)))
     profile = ComputeProfile(param_bytes=tuple(rows[0]["param_bytes"]), backward_ms=backward,
                              ready_ms=tuple(min(r, backward) for r in ready),
                              forward_ms=_median(r["forward_ms"] for r in rows),
