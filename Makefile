@@ -10,7 +10,7 @@ FIGURES := fig2 fig6 fig7 fig8 fig9 fig10 fig11 fig12
 WS_ARG = $(if $(WORLD_SIZE),--world_size=$(WORLD_SIZE))
 fig9 fig10 fig11 fig2: WS_ARG =
 
-.PHONY: setup test clean figures plots claims timeline bench simval tune torch-ddp-tests $(FIGURES)
+.PHONY: setup test clean figures plots claims timeline bench simval tune zero torch-ddp-tests $(FIGURES)
 
 setup: $(STAMP)
 
@@ -27,6 +27,11 @@ $(FIGURES): setup
 	$(PY) -m experiments $@ $(WS_ARG) $(ARGS)
 
 figures: $(FIGURES)
+
+# DDP beside ZeRO-1, FSDP2 (ZeRO-3 and ZeRO-2-like) and DeepSpeed ZeRO 1-3: runtime, memory by category, traffic
+# (results/figures/zero.png); `make zero ARGS="--models=resnet101 --world_sizes=1,2 --optimizer=sgd"`.
+zero: setup
+	$(PY) -m experiments zero $(ARGS)
 
 plots: setup
 	$(PY) -m experiments plots

@@ -34,7 +34,8 @@ from harness.errors import command_line, refusing
 from harness.launch import BACKENDS, RankContext, check_backend, launch
 from harness.models import input_spec, make_inputs, seeded_model
 from harness.results import git_commit, results_root, write_csv_atomic
-from harness.runner import machine_metadata, timed_iteration, wrap
+from harness.runner import machine_metadata, timed_iteration
+from harness.systems import wrap
 from harness.stats import bootstrap_median_ci, pooled_geomean_ci, ratio_of_medians_ci
 
 MIB = 1024 * 1024

@@ -69,6 +69,12 @@ def cuda_gpus() -> int:
     return torch.cuda.device_count() if torch.cuda.is_available() else 0
 
 
+def mpi_available() -> bool:
+    import torch.distributed as dist
+
+    return dist.is_mpi_available()
+
+
 def split_backends(backends, world_size: int) -> tuple[list[str], dict[str, str]]:
     """The requested backends this machine can run at ``world_size``, and why the others cannot."""
     usable, unavailable = [], {}
@@ -77,6 +83,8 @@ def split_backends(backends, world_size: int) -> tuple[list[str], dict[str, str]
         if b == "nccl" and gpus < world_size:
             unavailable[b] = (f"NCCL unavailable here: {gpus} CUDA GPU(s) for {world_size} ranks"
                               " (run on a GPU machine or cluster)")
+        elif b == "mpi" and not mpi_available():
+            unavailable[b] = "MPI unavailable here: this torch build has no MPI (torch.distributed.is_mpi_available())"
         else:
             usable.append(b)
     return usable, unavailable

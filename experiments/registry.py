@@ -24,14 +24,18 @@ from harness.results import results_root
 CONFIG_FILE = "driver_config.json"  # the driver settings of the last run, so `plots` redraws the same figure
 
 
+BEYOND_THE_PAPER = ("zero",)  # drivers with the same contract whose figures the paper does not have
+
+
 def drivers() -> dict:
-    """FIGURE name -> driver module, for every ``figNN_*.py`` in this folder."""
+    """FIGURE name -> driver module, for every ``figNN_*.py`` in this folder, then those beyond the paper."""
     found = {}
     for info in pkgutil.iter_modules(experiments.__path__):
         if info.name.startswith("fig") and info.name[3:5].isdigit():
             module = importlib.import_module(f"experiments.{info.name}")
             found[module.FIGURE] = module
-    return dict(sorted(found.items(), key=lambda kv: int(kv[0].removeprefix("fig"))))
+    figures = dict(sorted(found.items(), key=lambda kv: int(kv[0].removeprefix("fig"))))
+    return figures | {name: importlib.import_module(f"experiments.{name}") for name in BEYOND_THE_PAPER}
 
 
 def save_config(driver, cfg, root=None) -> None:

@@ -28,10 +28,10 @@ from harness import env
 from harness.data import DATASETS
 from harness.launch import BACKENDS
 from harness.rate import check_net
+from harness.systems import DDP_IMPLS, IMPLS, OPTIMIZERS
 
-MODELS = ("small", "resnet50", "bert-base", "bert-large")
+MODELS = ("small", "resnet50", "resnet101", "bert-base", "bert-large")
 PROFILES = ("paper", "cpu")
-IMPLS = ("ours", "torch", "local")
 COMM_HOOKS = ("", *ALIASES)  # ddp_impl's short names of torch's own hooks; "" = the default allreduce
 FAULT_KINDS = ("raise", "exit", "hang")
 DEFAULT_NET = "auto"  # emulate a link where nothing real is there (spawned CPU ranks); see harness.netem
@@ -50,7 +50,7 @@ class TrainConfig:
     """One training-iteration measurement (paper Figures 6-12)."""
 
     model: str = _field("small", choices=MODELS)
-    impl: str = _field("ours", choices=IMPLS)  # ours | torch (torch's DDP) | local (no DDP, no communication)
+    impl: str = _field("ours", choices=IMPLS)  # ours | torch | local (no DDP) | zero1 | fsdp ...: harness.systems
     profile: str = _field("auto", choices=("auto", *PROFILES))  # auto = cpu without a GPU; see harness.models
     backend: str = _field("auto", choices=("auto", *BACKENDS))  # auto = nccl when CUDA is available
     world_size: int = _field(2, "positive")
@@ -66,7 +66,10 @@ class TrainConfig:
     seed: int = 0
     repeat: int = _field(0, "non_negative", added=True)  # which repetition of the point (again, same seed)
     trace_buckets: bool = _field(False, added=True)  # ours only: per-bucket ready and true completion times
-    lr: float = 0.01  # plain SGD
+    lr: float = 0.01
+    optimizer: str = _field("sgd", choices=OPTIMIZERS, added=True)  # torch's SGD or Adam, for every impl
+    checkpointing: bool = _field(False, added=True)  # activation checkpointing per block (harness.systems)
+    memory: bool = _field(False, added=True)  # + one iteration measuring peak memory, one profiling it by category
     threads_per_rank: int = _field(0, "non_negative")  # 0 = max(1, cores // ranks on this node)
     net: str = DEFAULT_NET  # loopback | RATE per rank, e.g. 1gbit (emulated link) | auto; see harness.netem
     timeout_s: float = _field(300.0, "positive", identity=False)  # process group timeout
@@ -178,10 +181,16 @@ def validate(cfg: PointConfig) -> PointConfig:
     if isinstance(cfg, TrainConfig):
         if cfg.round_robin_groups > 1 and cfg.impl != "ours":
             raise ValueError(f"round_robin_groups={cfg.round_robin_groups} needs impl='ours', got {cfg.impl!r}")
-        if not cfg.overlap and cfg.impl == "torch":
-            raise ValueError("overlap=False is only available with impl='ours' (torch's DDP always overlaps)")
-        if cfg.comm_hook and cfg.impl == "local":
-            raise ValueError(f"comm_hook={cfg.comm_hook!r} needs a DDP impl, got impl='local'")
+        if not cfg.overlap and cfg.impl != "ours":
+            raise ValueError(f"overlap=False is only available with impl='ours' (got {cfg.impl!r}, which always "
+                             "overlaps)")
+        if cfg.comm_hook and cfg.impl not in DDP_IMPLS:
+            raise ValueError(f"comm_hook={cfg.comm_hook!r} needs impl 'ours' or 'torch', got {cfg.impl!r}")
+        if cfg.sync_every > 1 and cfg.impl not in ("local", *DDP_IMPLS):
+            raise ValueError(f"sync_every={cfg.sync_every} (no_sync) is measured for impl 'ours' and 'torch' only, "
+                             f"got {cfg.impl!r}")
+        if cfg.gradient_as_bucket_view and cfg.impl not in DDP_IMPLS:
+            raise ValueError(f"gradient_as_bucket_view=True needs impl 'ours' or 'torch', got {cfg.impl!r}")
         if cfg.trace_buckets and cfg.impl != "ours":
             raise ValueError(f"trace_buckets=True needs impl='ours' (its per-bucket timing), got {cfg.impl!r}")
     elif isinstance(cfg, ConvergenceConfig):

@@ -37,7 +37,7 @@ import torch.distributed as dist
 
 from harness import env
 
-BACKENDS = ("gloo", "nccl")
+BACKENDS = ("gloo", "nccl", "mpi")
 
 # A rank that has died without reporting may still have its result in flight; wait this long for it.
 _DEAD_GRACE_S = 2.0
@@ -249,7 +249,11 @@ def init_in_place(backend: str, timeout_s: float) -> None:
         local_rank = int(os.environ.get("LOCAL_RANK", 0))
         if backend == "nccl":
             torch.cuda.set_device(local_rank)
-        dist.init_process_group(backend, init_method="env://", timeout=datetime.timedelta(seconds=timeout_s))
+        timeout = datetime.timedelta(seconds=timeout_s)
+        if backend == "mpi":  # MPI knows its ranks; it takes no rendezvous
+            dist.init_process_group("mpi", timeout=timeout)
+        else:
+            dist.init_process_group(backend, init_method="env://", timeout=timeout)
 
 
 def _run_in_place(fn, world_size, backend, args, timeout_s, threads) -> list:
@@ -288,6 +292,13 @@ def check_backend(backend: str, world_size: int) -> None:
     one visible GPU per rank on this node."""
     if backend not in BACKENDS:
         raise ValueError(f"unknown backend {backend!r}; choose one of {list(BACKENDS)}")
+    if backend == "mpi" and not dist.is_mpi_available():
+        raise ValueError("backend='mpi' needs a torch built with MPI, and torch.distributed.is_mpi_available() is "
+                         "False in this torch build (pip's wheels have no MPI); use backend='gloo' (CPU) or 'nccl' "
+                         "(GPUs), or a torch built from source with MPI")
+    if backend == "mpi" and not env.in_place():
+        raise ValueError("backend='mpi' needs ranks started by the MPI launcher (mpirun, or srun --mpi) with RANK, "
+                         "WORLD_SIZE and LOCAL_RANK exported; the spawned launcher cannot start MPI ranks")
     if backend != "nccl":
         return
     if not env.cuda_available():

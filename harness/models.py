@@ -32,15 +32,17 @@ class InputSpec:
 INPUTS = {
     ("paper", "small"): InputSpec(32, image_size=32),
     ("paper", "resnet50"): InputSpec(32, image_size=224),
+    ("paper", "resnet101"): InputSpec(32, image_size=224),
     ("paper", "bert-base"): InputSpec(8, seq_len=128),
     ("paper", "bert-large"): InputSpec(8, seq_len=128),
     ("cpu", "small"): InputSpec(8, image_size=16),
     ("cpu", "resnet50"): InputSpec(4, image_size=64),
+    ("cpu", "resnet101"): InputSpec(4, image_size=64),
     ("cpu", "bert-base"): InputSpec(2, seq_len=32),
     ("cpu", "bert-large"): InputSpec(1, seq_len=32),
 }
 
-NUM_CLASSES = {"small": 10, "resnet50": 1000}
+NUM_CLASSES = {"small": 10, "resnet50": 1000, "resnet101": 1000}
 
 
 class SmallNet(nn.Module):
@@ -71,10 +73,10 @@ def build_model(name: str) -> nn.Module:
     """A randomly initialised model; seed torch before calling for identical weights on every rank."""
     if name == "small":
         return SmallNet(NUM_CLASSES["small"])
-    if name == "resnet50":
+    if name in ("resnet50", "resnet101"):
         import torchvision
 
-        return torchvision.models.resnet50(weights=None)
+        return getattr(torchvision.models, name)(weights=None)
     if name in ("bert-base", "bert-large"):
         from transformers import BertForPreTraining
 

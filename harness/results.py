@@ -20,6 +20,7 @@ from typing import Iterable, Sequence
 import pandas as pd
 
 from harness.config import AllreduceConfig, ConvergenceConfig, TrainConfig
+from harness.memory import CATEGORIES
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 TMP_PREFIX = ".tmp-"
@@ -52,6 +53,10 @@ SCHEMA: dict[str, str] = {
     "ddp_backward_comm_ms": "float64", "ddp_overlap_ms": "float64",
     "breakdown_source": "string", "bucket_times_json": "string",
     "num_params": "Int64", "batch_size_used": "Int64", "image_size": "Int64", "seq_len": "Int64",
+    # memory and traffic per rank (TrainConfig.memory; harness.memory), the same on every row of a rank
+    **{f"mem_{c}_bytes": "Int64" for c in CATEGORIES},
+    "mem_profiled_peak_bytes": "Int64", "mem_measured_peak_bytes": "Int64", "mem_model_state_bytes": "Int64",
+    "sent_bytes": "Int64", "mem_timeline_json": "string",
     # allreduce microbenchmark (harness.collectives); total_ms is shared
     "num_calls": "Int64", "total_bytes": "Int64", "call_ms": "float64", "algbw_gbps": "float64",
     "busbw_gbps": "float64",

@@ -33,58 +33,35 @@ from pathlib import Path
 
 import torch
 
+from harness import memory
 from harness.config import TrainConfig
 from harness.launch import RankContext, inject_fault
 from harness.models import compute_loss, input_spec, make_inputs, seeded_model
+from harness.systems import ZERO_IMPLS, Trainer, build, preload, state_tensors
 
 NS_PER_MS = 1e6
 
 
-def wrap(model: torch.nn.Module, impl: str, ctx: RankContext, bucket_cap_mb: float, *,
-         gradient_as_bucket_view: bool = False, overlap: bool = True, round_robin_groups: int = 1,
-         comm_hook: str = "") -> torch.nn.Module:
-    """``model`` in torch's DDP (``impl="torch"``), ours (``"ours"``) or as is (``"local"``), on the rank's
-    group: one construction for the sweeps and the bench, so both measure the same DDPs. ``overlap`` and
-    ``round_robin_groups`` apply to ours only (torch's DDP always overlaps)."""
-    if impl == "local":
-        return model
-    if impl == "torch":
-        ddp = torch.nn.parallel.DistributedDataParallel(
-            model, device_ids=[ctx.device.index] if ctx.device.type == "cuda" else None,
-            process_group=ctx.group, bucket_cap_mb=bucket_cap_mb, gradient_as_bucket_view=gradient_as_bucket_view)
-    else:
-        from ddp_impl import DistributedDataParallel, RoundRobinProcessGroup
-
-        group = ctx.group
-        if round_robin_groups > 1:
-            group = RoundRobinProcessGroup.new(round_robin_groups, timeout=datetime.timedelta(seconds=ctx.timeout_s))
-        ddp = DistributedDataParallel(model, process_group=group, bucket_cap_mb=bucket_cap_mb, overlap=overlap,
-                                      gradient_as_bucket_view=gradient_as_bucket_view)
-    if comm_hook:  # torch's own hook by ddp_impl's short name; ours maps a round-robin group to each bucket's
-        from ddp_impl.comm_hooks import resolve
-
-        ddp.register_comm_hook(ddp.process_group, resolve(comm_hook))
-    return ddp
-
-
-def wrap_model(model: torch.nn.Module, cfg: TrainConfig, ctx: RankContext) -> torch.nn.Module:
-    """:func:`wrap` as ``cfg`` says, with torch's DDP logging every iteration: the runner reads its backward
-    breakdown from that logger. Only here: sampling every iteration costs torch's DDP time the bench would
-    count against it."""
-    ddp = wrap(model, cfg.impl, ctx, cfg.bucket_cap_mb, gradient_as_bucket_view=cfg.gradient_as_bucket_view,
-               overlap=cfg.overlap, round_robin_groups=cfg.round_robin_groups, comm_hook=cfg.comm_hook)
+def build_trainer(model: torch.nn.Module, cfg: TrainConfig, ctx: RankContext) -> Trainer:
+    """:func:`harness.systems.build` as ``cfg`` says, with torch's DDP logging every iteration: the runner reads
+    its backward breakdown from that logger. Only here: sampling every iteration costs torch's DDP time the
+    bench would count against it."""
+    trainer = build(model, ctx, impl=cfg.impl, optimizer=cfg.optimizer, lr=cfg.lr, checkpointing=cfg.checkpointing,
+                    bucket_cap_mb=cfg.bucket_cap_mb, gradient_as_bucket_view=cfg.gradient_as_bucket_view,
+                    overlap=cfg.overlap, round_robin_groups=cfg.round_robin_groups, comm_hook=cfg.comm_hook)
     if cfg.impl == "torch":
-        ddp._set_ddp_runtime_logging_sample_rate(1)
+        trainer.model._set_ddp_runtime_logging_sample_rate(1)
     if cfg.trace_buckets:
-        ddp.timing = "trace"
-    return ddp
+        trainer.model.timing = "trace"
+    return trainer
 
 
 def timed_iteration(model_name: str, model, optimizer, inputs, ctx: RankContext, *, no_sync: bool = False,
-                    step: bool = True) -> tuple[dict, torch.Tensor]:
+                    step: bool = True, backward=torch.Tensor.backward) -> tuple[dict, torch.Tensor]:
     """One training iteration timed by phase: forward (incl. loss), backward, optimizer (step + zero_grad),
     each boundary after ``ctx.synchronize()``. ``no_sync``: forward and backward inside ``model.no_sync()``;
-    ``step=False``: no optimizer step (gradient accumulation). Returns the times (ms) with the rank's CPU time
+    ``step=False``: no optimizer step (gradient accumulation); ``backward(loss)`` runs backward (DeepSpeed's
+    engine has its own). Returns the times (ms) with the rank's CPU time
     over all its threads (compute + communication; unlike wall time it barely moves when other processes
     share the cores), its kernel part and the minor page faults, and the loss."""
     ctx.synchronize()
@@ -94,7 +71,7 @@ def timed_iteration(model_name: str, model, optimizer, inputs, ctx: RankContext,
         loss = compute_loss(model_name, model, inputs)
         ctx.synchronize()
         t1 = time.perf_counter()
-        loss.backward()
+        backward(loss)
         ctx.synchronize()
         t2 = time.perf_counter()
     if step:
@@ -120,6 +97,9 @@ class _Breakdown:
         out = dict(backward_compute_ms=backward_ms, backward_comm_exposed_ms=0.0, ddp_forward_compute_ms=nan,
                    ddp_backward_compute_ms=nan, ddp_backward_comm_ms=nan, ddp_overlap_ms=nan,
                    bucket_times_json="", breakdown_source="host")
+        if self.impl in ZERO_IMPLS:  # communication inside the system's own backward: not separable here
+            out.update(backward_compute_ms=nan, backward_comm_exposed_ms=nan)
+            return out
         if self.impl == "local" or not synced:
             return out
         if self.impl == "torch":
@@ -190,24 +170,60 @@ def rank_metadata(ctx: RankContext) -> dict:
 
 
 def run_training_point(ctx: RankContext, cfg: TrainConfig) -> list[dict]:
-    """Build, wrap and train ``cfg.model`` for warmup + iters iterations; one row per measured iteration."""
+    """Build, wrap and train ``cfg.model`` for warmup + iters iterations; one row per measured iteration. With
+    ``cfg.memory``, every row also carries the memory and traffic columns of :func:`measure_memory`."""
     inject_fault(cfg.fault, ctx.rank)
+    if cfg.memory:  # what loads once per process comes before the floor: code, the profiler, the model's cache
+        memory.return_freed_memory()
+        preload(cfg.impl)
+        memory.profiled(lambda: torch.ones(1) + 1)
+        seeded_model(cfg.model, cfg.seed)
+    floor = memory.resident_bytes()  # the process without this point's tensors: PeakMeter's zero
     model = seeded_model(cfg.model, cfg.seed).to(ctx.device)  # same weights on every rank (DDP broadcasts them)
     num_params = sum(p.numel() for p in model.parameters())
     spec = input_spec(cfg.model, cfg.profile, cfg.batch_size)
     inputs = make_inputs(cfg.model, spec, ctx.device, seed=cfg.seed * 1000 + ctx.rank)
-    model = wrap_model(model, cfg, ctx)
-    optimizer = torch.optim.SGD(model.parameters(), lr=cfg.lr)
-    breakdown = _Breakdown(cfg.impl, model)
+    trainer = build_trainer(model, cfg, ctx)
+    breakdown = _Breakdown(cfg.impl, trainer.model)
     meta = dict(rank_metadata(ctx), num_params=num_params, batch_size_used=spec.batch_size,
                 image_size=spec.image_size, seq_len=spec.seq_len)
     rows = []
     for it in range(cfg.warmup + cfg.iters):
         synced = (it + 1) % cfg.sync_every == 0
-        times, loss = timed_iteration(cfg.model, model, optimizer, inputs, ctx,
-                                      no_sync=cfg.impl != "local" and not synced, step=synced)
+        times, loss = timed_iteration(cfg.model, trainer.model, trainer.optimizer, inputs, ctx,
+                                      no_sync=cfg.impl != "local" and not synced, step=synced,
+                                      backward=trainer.backward)
         split = breakdown.read(synced, times["backward_ms"])
         if it >= cfg.warmup:
             rows.append(dict(meta, iteration=it - cfg.warmup, synced=synced, loss=float(loss.detach()), **times,
                              **split))
+    if cfg.memory:
+        extra = measure_memory(cfg, trainer, inputs, ctx, floor)
+        timeline = extra.pop("mem_timeline_json")
+        rows = [dict(row, **extra, mem_timeline_json=timeline if row["iteration"] == 0 else "") for row in rows]
     return rows
+
+
+def measure_memory(cfg: TrainConfig, trainer: Trainer, inputs: dict, ctx: RankContext, floor: int) -> dict:
+    """Two more iterations after the timed ones: one measuring the peak (:class:`harness.memory.PeakMeter`) and
+    the bytes every rank sent (between barriers, so nothing else is counted), one under the memory profiler
+    (categories at the peak, model state before forward, the timeline)."""
+    import torch.distributed as dist
+
+    def iteration():
+        return timed_iteration(cfg.model, trainer.model, trainer.optimizer, inputs, ctx, backward=trainer.backward)
+
+    barrier = (lambda: dist.barrier(group=ctx.group)) if ctx.world_size > 1 else (lambda: None)
+    barrier()
+    sent = memory.sent_bytes()
+    with memory.PeakMeter(ctx.device, floor) as meter:
+        iteration()
+    barrier()
+    sent = memory.sent_bytes() - sent
+    _, prof = memory.profiled(iteration, state_tensors(trainer))
+    state = {k: prof.at_start[k] for k in ("parameters", "gradients", "optimizer_state")}
+    timeline = [[round(t, 3), *(s[c] for c in memory.CATEGORIES)] for t, s in prof.timeline]
+    return dict({f"mem_{c}_bytes": prof.at_peak[c] for c in memory.CATEGORIES},
+                mem_profiled_peak_bytes=prof.peak, mem_measured_peak_bytes=meter.peak,
+                mem_model_state_bytes=sum(state.values()), sent_bytes=sent // max(1, ctx.world_size),
+                mem_timeline_json=json.dumps(timeline, separators=(",", ":")))

@@ -1,0 +1,208 @@
+"""The data-parallel systems the suite times side by side, each built by :func:`build` into the same three calls
+(forward on ``model``, ``backward(loss)``, ``optimizer.step()`` + ``zero_grad``), so one loop times them all.
+
+========================  ===============================================================================
+impl                      what runs on each rank
+========================  ===============================================================================
+``local``                 the model alone: no data parallelism (the 1-rank control; no communication)
+``ours`` / ``torch``      ddp_impl's / torch's DistributedDataParallel
+``zero1``                 torch's DDP + ``ZeroRedundancyOptimizer``: optimizer state sharded (ZeRO-1)
+``fsdp``                  torch FSDP2 ``fully_shard`` per block and at the root: parameters, gradients and
+                          optimizer state sharded, parameters re-sharded after forward (ZeRO-3)
+``fsdp_keep``             FSDP2 with ``reshard_after_forward=False``: parameters kept from forward to
+                          backward, so one all-gather per iteration (ZeRO-2-like)
+``deepspeed1/2/3``        DeepSpeed's engine with ZeRO stage 1, 2 or 3 (``DS_ACCELERATOR=cpu`` without a GPU)
+========================  ===============================================================================
+
+Every system gets the same optimizer (``optimizer``: SGD or Adam, torch's own) and, with ``checkpointing``, the
+same activation checkpointing (non-reentrant, per block). A *block* is an element of an ``nn.Sequential`` or
+``nn.ModuleList`` holding parameters, outermost first (ResNet's bottlenecks, BERT's layers): FSDP shards per
+block and checkpointing recomputes per block.
+"""
+from __future__ import annotations
+
+import datetime
+import functools
+import importlib
+import os
+from dataclasses import dataclass
+from typing import Callable
+
+import torch
+from torch import nn
+
+from harness.launch import RankContext
+
+DDP_IMPLS = ("ours", "torch")
+ZERO_IMPLS = ("zero1", "fsdp", "fsdp_keep", "deepspeed1", "deepspeed2", "deepspeed3")
+IMPLS = ("local", *DDP_IMPLS, *ZERO_IMPLS)
+OPTIMIZERS = ("sgd", "adam")
+
+
+def wrap(model: nn.Module, impl: str, ctx: RankContext, bucket_cap_mb: float, *,
+         gradient_as_bucket_view: bool = False, overlap: bool = True, round_robin_groups: int = 1,
+         comm_hook: str = "") -> nn.Module:
+    """``model`` in torch's DDP (``impl="torch"``), ours (``"ours"``) or as is (``"local"``), on the rank's
+    group: one construction for the sweeps and the bench, so both measure the same DDPs. ``overlap`` and
+    ``round_robin_groups`` apply to ours only (torch's DDP always overlaps)."""
+    if impl == "local":
+        return model
+    if impl == "torch":
+        ddp = torch.nn.parallel.DistributedDataParallel(
+            model, device_ids=[ctx.device.index] if ctx.device.type == "cuda" else None,
+            process_group=ctx.group, bucket_cap_mb=bucket_cap_mb, gradient_as_bucket_view=gradient_as_bucket_view)
+    else:
+        from ddp_impl import DistributedDataParallel, RoundRobinProcessGroup
+
+        group = ctx.group
+        if round_robin_groups > 1:
+            group = RoundRobinProcessGroup.new(round_robin_groups, timeout=datetime.timedelta(seconds=ctx.timeout_s))
+        ddp = DistributedDataParallel(model, process_group=group, bucket_cap_mb=bucket_cap_mb, overlap=overlap,
+                                      gradient_as_bucket_view=gradient_as_bucket_view)
+    if comm_hook:  # torch's own hook by ddp_impl's short name; ours maps a round-robin group to each bucket's
+        from ddp_impl.comm_hooks import resolve
+
+        ddp.register_comm_hook(ddp.process_group, resolve(comm_hook))
+    return ddp
+
+
+@dataclass
+class Trainer:
+    """What the timing loop calls: forward on ``model``, ``backward(loss)``, then ``optimizer.step()`` and
+    ``optimizer.zero_grad(set_to_none=False)``."""
+
+    model: nn.Module
+    optimizer: object
+    backward: Callable[[torch.Tensor], None] = torch.Tensor.backward
+
+
+def blocks(model: nn.Module) -> list[nn.Module]:
+    """The model's blocks (see the module docstring), outermost first, none inside another."""
+    found: list[nn.Module] = []
+
+    def visit(module: nn.Module) -> None:
+        for child in module.children():
+            if isinstance(module, (nn.Sequential, nn.ModuleList)) and any(True for _ in child.parameters()):
+                found.append(child)
+            else:
+                visit(child)
+
+    visit(model)
+    return found
+
+
+def checkpoint_blocks(model: nn.Module) -> None:
+    """Recompute each block's activations in backward instead of storing them (non-reentrant checkpointing)."""
+    from torch.utils.checkpoint import checkpoint
+
+    for block in blocks(model):
+        block.forward = functools.partial(checkpoint, block.forward, use_reentrant=False)
+
+
+def make_optimizer(name: str, params, lr: float) -> torch.optim.Optimizer:
+    if name == "adam":
+        return torch.optim.Adam(params, lr=lr)
+    return torch.optim.SGD(params, lr=lr)
+
+
+def build(model: nn.Module, ctx: RankContext, *, impl: str, optimizer: str = "sgd", lr: float = 0.01,
+          checkpointing: bool = False, bucket_cap_mb: float = 25.0, **ddp_options) -> Trainer:
+    """``model`` (the same weights on every rank) made into ``impl``'s trainer on the rank's group. The bucket
+    cap applies to every system with buckets (DDP's, and DeepSpeed's reduce/gather buckets); ``ddp_options``
+    (hook, overlap, ...) go to :func:`wrap` for ours and torch's DDP."""
+    ddp_options["bucket_cap_mb"] = bucket_cap_mb
+    if checkpointing:
+        checkpoint_blocks(model)
+    if impl in ("local", *DDP_IMPLS):
+        model = wrap(model, impl, ctx, **ddp_options)
+        return Trainer(model, make_optimizer(optimizer, model.parameters(), lr))
+    if impl == "zero1":
+        from torch.distributed.optim import ZeroRedundancyOptimizer
+
+        model = wrap(model, "torch", ctx, **ddp_options)
+        cls = torch.optim.Adam if optimizer == "adam" else torch.optim.SGD
+        return Trainer(model, ZeroRedundancyOptimizer(model.parameters(), optimizer_class=cls, lr=lr,
+                                                      process_group=ctx.group))
+    if impl in ("fsdp", "fsdp_keep"):
+        return _fsdp(model, ctx, optimizer, lr, reshard=impl == "fsdp")
+    if impl.startswith("deepspeed"):
+        return _deepspeed(model, ctx, optimizer, lr, stage=int(impl[-1]), bucket_cap_mb=bucket_cap_mb)
+    raise ValueError(f"unknown impl {impl!r}; choose one of {list(IMPLS)}")
+
+
+def _fsdp(model: nn.Module, ctx: RankContext, optimizer: str, lr: float, reshard: bool) -> Trainer:
+    import torch.distributed as dist
+    from torch.distributed.device_mesh import DeviceMesh
+    from torch.distributed.fsdp import fully_shard
+
+    mesh = DeviceMesh.from_group(ctx.group or dist.group.WORLD, ctx.device.type)
+    for block in blocks(model):
+        fully_shard(block, mesh=mesh, reshard_after_forward=reshard)
+    fully_shard(model, mesh=mesh, reshard_after_forward=reshard)
+    return Trainer(model, make_optimizer(optimizer, model.parameters(), lr))
+
+
+class _EngineStep:
+    """DeepSpeed's ``engine.step()`` (optimizer step and zeroing) behind the optimizer calls the loop makes."""
+
+    def __init__(self, engine):
+        self.engine = engine
+
+    def step(self) -> None:
+        self.engine.step()
+
+    def zero_grad(self, set_to_none: bool = False) -> None:
+        pass  # engine.step() already zeroed the gradients
+
+
+def _deepspeed(model: nn.Module, ctx: RankContext, optimizer: str, lr: float, stage: int,
+               bucket_cap_mb: float) -> Trainer:
+    os.environ.setdefault("DS_ACCELERATOR", "cuda" if ctx.device.type == "cuda" else "cpu")
+    import deepspeed
+
+    bucket = max(1, int(bucket_cap_mb * 2**20 / 4))  # elements; DeepSpeed's default (5e8) would allocate 2 GB
+    zero = {"stage": stage, "reduce_bucket_size": bucket, "allgather_bucket_size": bucket}
+    if stage == 3:
+        zero = {"stage": 3, "reduce_bucket_size": bucket, "stage3_prefetch_bucket_size": bucket}
+    config = {"train_micro_batch_size_per_gpu": 1, "gradient_accumulation_steps": 1, "steps_per_print": 10**9,
+              "zero_optimization": zero, "zero_allow_untested_optimizer": True}
+    engine, _, _, _ = deepspeed.initialize(model=model.to(ctx.device), config=config, dist_init_required=False,
+                                           optimizer=make_optimizer(optimizer, model.parameters(), lr))
+    return Trainer(engine, _EngineStep(engine), backward=engine.backward)
+
+
+def preload(impl: str) -> None:
+    """Import what ``impl`` needs before a memory measurement starts, so loaded code is not counted as tensors."""
+    if impl.startswith("deepspeed"):
+        os.environ.setdefault("DS_ACCELERATOR", "cuda" if torch.cuda.is_available() else "cpu")
+        import deepspeed  # noqa: F401
+    elif impl.startswith("fsdp"):
+        importlib.import_module("torch.distributed.fsdp")
+
+
+def _local(t: torch.Tensor) -> torch.Tensor:
+    return t.to_local() if hasattr(t, "to_local") else t
+
+
+def _torch_optimizer(trainer: Trainer) -> torch.optim.Optimizer:
+    """The torch optimizer that holds the state: inside ZeRO-1 (``optim``) or DeepSpeed's ZeRO (``optimizer``)."""
+    opt = trainer.optimizer.engine.optimizer if isinstance(trainer.optimizer, _EngineStep) else trainer.optimizer
+    while hasattr(opt, "optim") or not isinstance(opt, torch.optim.Optimizer):
+        opt = getattr(opt, "optim", None) or opt.optimizer
+    return opt
+
+
+def state_tensors(trainer: Trainer) -> dict[str, list[torch.Tensor]]:
+    """The rank's own parameters, gradients and optimizer state (its shards, where sharded), found from the
+    system's objects rather than by the profiler: DeepSpeed's partitions (``ds_tensor``), DTensors' local shards,
+    the state of the torch optimizer inside ZeRO-1 or DeepSpeed, and that optimizer's own copies of the
+    parameters (DeepSpeed's flat fp32 partitions) counted as optimizer state, as ZeRO counts master weights,
+    their gradients as gradients."""
+    params = [_local(getattr(p, "ds_tensor", p)) for p in trainer.model.parameters()]
+    grads = [_local(p.grad) for p in trainer.model.parameters() if p.grad is not None]
+    inner = _torch_optimizer(trainer)
+    mine = {p.untyped_storage().data_ptr() for p in params}
+    copies = [p for g in inner.param_groups for p in g["params"] if _local(p).untyped_storage().data_ptr() not in mine]
+    state = [_local(v) for s in inner.state.values() for v in s.values() if isinstance(v, torch.Tensor)]
+    return {"parameters": params, "gradients": grads + [_local(p.grad) for p in copies if p.grad is not None],
+            "optimizer_state": state + [_local(p) for p in copies]}
