@@ -70,6 +70,7 @@ class TrainConfig:
     optimizer: str = _field("sgd", choices=OPTIMIZERS, added=True)  # torch's SGD or Adam, for every impl
     checkpointing: bool = _field(False, added=True)  # activation checkpointing per block (harness.systems)
     memory: bool = _field(False, added=True)  # + one iteration measuring peak memory, one profiling it by category
+    replicas: int = _field(1, "positive", added=True)  # impl=threads: model replicas in the one process
     threads_per_rank: int = _field(0, "non_negative")  # 0 = max(1, cores // ranks on this node)
     net: str = DEFAULT_NET  # loopback | RATE per rank, e.g. 1gbit (emulated link) | auto; see harness.netem
     timeout_s: float = _field(300.0, "positive", identity=False)  # process group timeout
@@ -189,6 +190,11 @@ def validate(cfg: PointConfig) -> PointConfig:
         if cfg.sync_every > 1 and cfg.impl not in ("local", *DDP_IMPLS):
             raise ValueError(f"sync_every={cfg.sync_every} (no_sync) is measured for impl 'ours' and 'torch' only, "
                              f"got {cfg.impl!r}")
+        if cfg.replicas > 1 and cfg.impl != "threads":
+            raise ValueError(f"replicas={cfg.replicas} needs impl='threads', got {cfg.impl!r}")
+        if cfg.impl == "threads" and cfg.world_size != 1:
+            raise ValueError(f"impl='threads' runs its replicas in one process: world_size must be 1, got "
+                             f"{cfg.world_size} (use replicas=N)")
         if cfg.gradient_as_bucket_view and cfg.impl not in DDP_IMPLS:
             raise ValueError(f"gradient_as_bucket_view=True needs impl 'ours' or 'torch', got {cfg.impl!r}")
         if cfg.trace_buckets and cfg.impl != "ours":

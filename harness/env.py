@@ -33,3 +33,9 @@ def cuda_available() -> bool:
     import torch
 
     return torch.cuda.is_available()
+
+
+def cuda_devices() -> int:
+    import torch
+
+    return torch.cuda.device_count()

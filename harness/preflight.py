@@ -8,6 +8,7 @@ network) saying what is missing and what to use instead.
 """
 from __future__ import annotations
 
+import importlib.util
 from typing import Iterable
 
 from harness import env, netem
@@ -21,6 +22,13 @@ def preflight(points: Iterable[PointConfig]) -> None:
     points = list(points)
     for backend, world_size in sorted({(p.backend, p.world_size) for p in points}):
         check_backend(backend, world_size)
+    for p in points:
+        if getattr(p, "impl", "").startswith("deepspeed") and importlib.util.find_spec("deepspeed") is None:
+            raise ValueError(f"impl={p.impl!r} needs DeepSpeed, which is not installed: `make setup` installs it "
+                             "(pip install deepspeed==0.19.8)")
+        if getattr(p, "impl", "") == "threads" and env.cuda_available() and env.cuda_devices() < p.replicas:
+            raise ValueError(f"impl='threads' with replicas={p.replicas} runs nn.DataParallel on one GPU per "
+                             f"replica, but {env.cuda_devices()} are visible")
     emulated = sorted({p.net for p in points if p.net != "loopback"})
     if emulated and env.in_place():
         raise ValueError(f"net={emulated[0]!r} cannot apply under torchrun/SLURM (RANK is set): the ranks already "

@@ -47,7 +47,7 @@ def build_trainer(model: torch.nn.Module, cfg: TrainConfig, ctx: RankContext) ->
     its backward breakdown from that logger. Only here: sampling every iteration costs torch's DDP time the
     bench would count against it."""
     trainer = build(model, ctx, impl=cfg.impl, optimizer=cfg.optimizer, lr=cfg.lr, checkpointing=cfg.checkpointing,
-                    bucket_cap_mb=cfg.bucket_cap_mb, gradient_as_bucket_view=cfg.gradient_as_bucket_view,
+                    bucket_cap_mb=cfg.bucket_cap_mb, replicas=cfg.replicas, gradient_as_bucket_view=cfg.gradient_as_bucket_view,
                     overlap=cfg.overlap, round_robin_groups=cfg.round_robin_groups, comm_hook=cfg.comm_hook)
     if cfg.impl == "torch":
         trainer.model._set_ddp_runtime_logging_sample_rate(1)

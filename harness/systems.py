@@ -12,6 +12,9 @@ impl                      what runs on each rank
 ``fsdp_keep``             FSDP2 with ``reshard_after_forward=False``: parameters kept from forward to
                           backward, so one all-gather per iteration (ZeRO-2-like)
 ``deepspeed1/2/3``        DeepSpeed's engine with ZeRO stage 1, 2 or 3 (``DS_ACCELERATOR=cpu`` without a GPU)
+``threads``               one process, ``replicas`` copies of the model: ``nn.DataParallel`` on GPUs; on CPU,
+                          where ``nn.DataParallel`` only calls the module, :class:`ThreadReplicas` (its design
+                          on threads). Runs at world size 1.
 ========================  ===============================================================================
 
 Every system gets the same optimizer (``optimizer``: SGD or Adam, torch's own) and, with ``checkpointing``, the
@@ -35,7 +38,7 @@ from harness.launch import RankContext
 
 DDP_IMPLS = ("ours", "torch")
 ZERO_IMPLS = ("zero1", "fsdp", "fsdp_keep", "deepspeed1", "deepspeed2", "deepspeed3")
-IMPLS = ("local", *DDP_IMPLS, *ZERO_IMPLS)
+IMPLS = ("local", *DDP_IMPLS, *ZERO_IMPLS, "threads")
 OPTIMIZERS = ("sgd", "adam")
 
 
@@ -106,7 +109,7 @@ def make_optimizer(name: str, params, lr: float) -> torch.optim.Optimizer:
 
 
 def build(model: nn.Module, ctx: RankContext, *, impl: str, optimizer: str = "sgd", lr: float = 0.01,
-          checkpointing: bool = False, bucket_cap_mb: float = 25.0, **ddp_options) -> Trainer:
+          checkpointing: bool = False, bucket_cap_mb: float = 25.0, replicas: int = 1, **ddp_options) -> Trainer:
     """``model`` (the same weights on every rank) made into ``impl``'s trainer on the rank's group. The bucket
     cap applies to every system with buckets (DDP's, and DeepSpeed's reduce/gather buckets); ``ddp_options``
     (hook, overlap, ...) go to :func:`wrap` for ours and torch's DDP."""
@@ -123,11 +126,66 @@ def build(model: nn.Module, ctx: RankContext, *, impl: str, optimizer: str = "sg
         cls = torch.optim.Adam if optimizer == "adam" else torch.optim.SGD
         return Trainer(model, ZeroRedundancyOptimizer(model.parameters(), optimizer_class=cls, lr=lr,
                                                       process_group=ctx.group))
+    if impl == "threads":
+        if ctx.device.type == "cuda":
+            model = nn.DataParallel(model, device_ids=list(range(replicas)))
+            return Trainer(model, make_optimizer(optimizer, model.parameters(), lr))
+        model = ThreadReplicas(model, replicas)
+        return Trainer(model, make_optimizer(optimizer, model.parameters(), lr), backward=model.backward)
     if impl in ("fsdp", "fsdp_keep"):
         return _fsdp(model, ctx, optimizer, lr, reshard=impl == "fsdp")
     if impl.startswith("deepspeed"):
         return _deepspeed(model, ctx, optimizer, lr, stage=int(impl[-1]), bucket_cap_mb=bucket_cap_mb)
     raise ValueError(f"unknown impl {impl!r}; choose one of {list(IMPLS)}")
+
+
+class ThreadReplicas(nn.Module):
+    """``nn.DataParallel``'s design on CPU threads: one process holds ``k`` replicas of ``module``; every forward
+    copies the first replica's parameters and buffers into the others (DataParallel replicates every iteration),
+    splits each tensor argument along dim 0 and runs the replicas on ``k`` Python threads; backward runs each
+    replica's part on its thread and sums the gradients into the first replica (whose parameters are this
+    module's). What it shows beside DDP's processes: one interpreter's GIL, the per-iteration replication and
+    the reduction to one replica. Outputs are concatenated (tensors) or their ``loss`` averaged (model outputs)."""
+
+    def __init__(self, module: nn.Module, k: int):
+        super().__init__()
+        import concurrent.futures
+        import copy
+
+        self.module = module
+        self.others = [copy.deepcopy(module) for _ in range(k - 1)]  # not submodules: parameters() is the first's
+        self.pool = concurrent.futures.ThreadPoolExecutor(k)
+        self.roots: list[torch.Tensor] = []
+
+    def forward(self, *args, **kwargs):
+        with torch.no_grad():
+            for other in self.others:
+                for dst, src in zip([*other.parameters(), *other.buffers()],
+                                    [*self.module.parameters(), *self.module.buffers()]):
+                    dst.copy_(src)
+        replicas = [self.module, *self.others]
+        k = len(replicas)
+        split = lambda v: v.tensor_split(k) if isinstance(v, torch.Tensor) else [v] * k  # noqa: E731
+        parts = [split(a) for a in args]
+        named = {key: split(v) for key, v in kwargs.items()}
+        outs = list(self.pool.map(lambda i: replicas[i](*(p[i] for p in parts), **{key: v[i] for key, v in
+                                                                                  named.items()}), range(k)))
+        if isinstance(outs[0], torch.Tensor):
+            self.roots = outs
+            return torch.cat(outs)
+        self.roots = [o.loss for o in outs]
+        return type("Output", (), {"loss": torch.stack(self.roots).mean()})()
+
+    def backward(self, loss: torch.Tensor) -> None:
+        grads = torch.autograd.grad(loss, self.roots)  # the gathering step's backward: cheap, on this thread
+        list(self.pool.map(lambda rg: rg[0].backward(rg[1]), zip(self.roots, grads)))
+        self.roots = []
+        with torch.no_grad():
+            for mine, *theirs in zip(self.module.parameters(), *(o.parameters() for o in self.others)):
+                for p in theirs:
+                    if p.grad is not None:
+                        mine.grad = p.grad.clone() if mine.grad is None else mine.grad.add_(p.grad)
+                        p.grad = None
 
 
 def _fsdp(model: nn.Module, ctx: RankContext, optimizer: str, lr: float, reshard: bool) -> Trainer:

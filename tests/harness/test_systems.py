@@ -1,0 +1,150 @@
+"""The data-parallel systems `make zero` compares: each trains like torch's DDP (same parameters after the same
+steps), DataParallel on threads sums the replicas' gradients, memory categories and traffic are what the
+model's size says, and what cannot run here is refused with its reason."""
+import pytest
+import torch
+from torch import nn
+
+from harness import memory
+from harness.config import TrainConfig, validate
+from harness.launch import RankContext, check_backend, launch
+from harness.models import compute_loss, input_spec, make_inputs, seeded_model
+from harness.sweep import run_point
+from harness.systems import ThreadReplicas, build, state_tensors
+
+CPU = RankContext(0, 1, 0, "gloo", torch.device("cpu"), 1, 60.0)
+SYSTEMS = ("torch", "zero1", "fsdp", "fsdp_keep", "deepspeed1", "deepspeed2", "deepspeed3")
+
+
+# The conv's bias feeds a BatchNorm, so its gradient is 0 up to rounding: Adam turns that rounding (which differs
+# with the order of reduction) into full steps of either sign. Every other parameter must agree.
+ROUNDING_ONLY = {"features.0.bias"}
+
+
+def _full_parameters(trainer, skip=()) -> torch.Tensor:
+    """The model's parameters, whole, on every rank (gathered where the system shards them), but ``skip``."""
+    named = [(n.removeprefix("module."), p) for n, p in trainer.model.named_parameters()]
+    params = [p for n, p in named if n not in skip]
+    if hasattr(params[0], "ds_tensor"):
+        import deepspeed
+
+        with deepspeed.zero.GatheredParameters(params):
+            return torch.cat([p.detach().reshape(-1).clone() for p in params])
+    return torch.cat([(p.full_tensor() if hasattr(p, "full_tensor") else p).detach().reshape(-1) for p in params])
+
+
+def _train_each_system(ctx, optimizer):
+    """Three steps of every system from the same weights on this rank's own inputs (different per rank)."""
+    spec = input_spec("small", "cpu")
+    inputs = make_inputs("small", spec, ctx.device, seed=ctx.rank)
+    out = {}
+    for impl in SYSTEMS:
+        trainer = build(seeded_model("small", 0), ctx, impl=impl, optimizer=optimizer, lr=0.2)
+        for _ in range(3):
+            trainer.backward(compute_loss("small", trainer.model, inputs))
+            trainer.optimizer.step()
+            trainer.optimizer.zero_grad(set_to_none=False)
+        out[impl] = _full_parameters(trainer, ROUNDING_ONLY if optimizer == "adam" else ())
+    return out
+
+
+@pytest.fixture(scope="module", params=["sgd", "adam"])
+def trained(request):
+    """Per rank, each system's parameters after 3 steps, and the parameters they all started from."""
+    ranks = launch(_train_each_system, 2, args=(request.param,), timeout_s=120)
+    skip = ROUNDING_ONLY if request.param == "adam" else ()
+    start = torch.cat([p.detach().reshape(-1) for n, p in seeded_model("small", 0).named_parameters() if n not in skip])
+    return request.param, ranks, start
+
+
+def _assert_same_steps(trained, impls):
+    """Each system's steps (parameters minus the start) equal torch's DDP's, on every rank."""
+    _, ranks, start = trained
+    reference = ranks[0]["torch"] - start
+    assert reference.abs().max() > 0.01  # it trained
+    for rank in ranks:
+        for impl in impls:
+            torch.testing.assert_close(rank[impl] - start, reference, rtol=1e-3, atol=1e-6, msg=f"{impl} differs")
+
+
+def test_every_system_steps_like_torch_ddp(trained):
+    optimizer = trained[0]
+    _assert_same_steps(trained, [s for s in SYSTEMS if optimizer == "sgd" or not s.startswith("deepspeed")])
+
+
+@pytest.mark.xfail(strict=True, reason="measured: DeepSpeed 0.19.8 ZeRO 1-3 with torch's Adam (a client optimizer) "
+                   "step like DDP once, then depart (its Adam moments after 3 steps are ~7x smaller); with SGD they "
+                   "match exactly. Cause not found; REPRODUCTION.md says so")
+def test_deepspeed_with_adam_steps_like_torch_ddp(trained):
+    if trained[0] != "adam":
+        pytest.skip("the SGD case is in test_every_system_steps_like_torch_ddp")
+    _assert_same_steps(trained, ["deepspeed1", "deepspeed2", "deepspeed3"])
+
+
+def test_data_parallel_threads_sum_the_replicas_gradients():
+    """K replicas on threads give the gradient of the whole batch's mean loss, split K ways (the first
+    replica's BatchNorm statistics from its own chunk, as nn.DataParallel keeps them)."""
+    inputs = make_inputs("small", input_spec("small", "cpu", batch_size=12), torch.device("cpu"))
+    dp = build(seeded_model("small", 0), CPU, impl="threads", replicas=3)
+    dp.backward(compute_loss("small", dp.model, inputs))
+    expected = seeded_model("small", 0)
+    for x, y in zip(inputs["x"].tensor_split(3), inputs["y"].tensor_split(3)):
+        (nn.functional.cross_entropy(expected(x), y) / 3).backward()
+    for got, want in zip(dp.model.module.parameters(), expected.parameters()):
+        torch.testing.assert_close(got.grad, want.grad, rtol=1e-4, atol=1e-6)
+    assert isinstance(dp.model, ThreadReplicas) and len(list(dp.model.parameters())) == len(list(expected.parameters()))
+
+
+def test_memory_categories_name_the_model_state():
+    """Adam on the small model: parameters, gradients and 2 moments per parameter, in bytes, before forward."""
+    trainer = build(seeded_model("small", 0), CPU, impl="local", optimizer="adam")
+    inputs = make_inputs("small", input_spec("small", "cpu"), torch.device("cpu"))
+
+    def iteration():
+        trainer.backward(compute_loss("small", trainer.model, inputs))
+        trainer.optimizer.step()
+        trainer.optimizer.zero_grad(set_to_none=False)
+
+    iteration()
+    _, prof = memory.profiled(iteration, state_tensors(trainer))
+    nbytes = sum(p.numel() * 4 for p in trainer.model.parameters())
+    assert prof.at_start["parameters"] == nbytes and prof.at_start["gradients"] == nbytes
+    assert prof.at_start["optimizer_state"] >= 2 * nbytes  # exp_avg, exp_avg_sq (+ Adam's step counters)
+    assert prof.peak > prof.at_start["parameters"] + prof.at_start["gradients"] + 2 * nbytes  # activations on top
+    assert prof.timeline and prof.timeline[0][0] == 0
+
+
+def test_memory_point_measures_traffic_and_state_per_rank():
+    """torch's DDP at 2 ranks in a private network namespace: each rank sends one ring all-reduce of the
+    gradients (2 (N-1)/N x 4 bytes per parameter, within TCP's headers and the barriers); FSDP (ZeRO-3) holds
+    about half the model state per rank."""
+    base = dict(model="small", world_size=2, iters=1, warmup=1, net="10gbit", memory=True, optimizer="adam",
+                timeout_s=60)
+    ddp = run_point(TrainConfig(impl="torch", **base))
+    params = ddp[0]["num_params"]
+    for row in ddp:
+        assert row["sent_bytes"] == pytest.approx(4 * params, rel=0.15)
+        assert row["mem_model_state_bytes"] >= 16 * params  # 4 + 4 + 8 bytes per parameter
+        assert row["mem_profiled_peak_bytes"] == sum(row[f"mem_{c}_bytes"] for c in memory.CATEGORIES)
+        assert row["mem_communication_buffers_bytes"] >= 4 * params  # DDP's bucket holds every gradient
+    fsdp = run_point(TrainConfig(impl="fsdp", **base))
+    for row in fsdp:
+        assert row["mem_model_state_bytes"] == pytest.approx(8 * params, rel=0.1)
+
+
+@pytest.mark.parametrize("fields, message", [
+    (dict(impl="fsdp", sync_every=2), "no_sync"),
+    (dict(impl="zero1", comm_hook="fp16"), "needs impl 'ours' or 'torch'"),
+    (dict(impl="torch", replicas=2), "replicas=2 needs impl='threads'"),
+    (dict(impl="threads", world_size=2, replicas=2), "world_size must be 1"),
+    (dict(impl="deepspeed3", overlap=False), "overlap=False"),
+])
+def test_settings_a_system_cannot_honour_are_refused(fields, message):
+    with pytest.raises(ValueError, match=message):
+        validate(TrainConfig(model="small", **fields))
+
+
+@pytest.mark.skipif(torch.distributed.is_mpi_available(), reason="this torch has MPI")
+def test_mpi_is_refused_with_the_reason_where_torch_has_no_mpi():
+    with pytest.raises(ValueError, match="is_mpi_available"):
+        check_backend("mpi", 2)
