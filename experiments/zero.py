@@ -12,6 +12,7 @@ categories at the peak, the state before forward (checked against ZeRO's formula
 """
 from __future__ import annotations
 
+import dataclasses
 import json
 from dataclasses import dataclass
 
@@ -20,7 +21,10 @@ import pandas as pd
 
 from experiments import common, verdicts
 from harness import TrainConfig
+from harness.config import auto_profile_backend
+from harness.launch import threads_per_rank
 from harness.memory import CATEGORIES
+from harness.models import input_spec
 from harness.systems import ZERO_IMPLS
 
 FIGURE = "zero"
@@ -37,7 +41,7 @@ class Config(common.ModelSweep):
     """Systems x world sizes; every field is a --key=value override."""
 
     models: tuple[str, ...] = ("resnet101", "bert-base")
-    systems: tuple[str, ...] = ("torch", *ZERO_IMPLS)
+    systems: tuple[str, ...] = ("torch", *ZERO_IMPLS, "threads")
     world_sizes: tuple[int, ...] = (1, 2, 4)  # the systems at each size above 1; local (the control) at every one
     backends: tuple[str, ...] = ("gloo",)
     optimizer: str = "adam"
@@ -49,19 +53,32 @@ class Config(common.ModelSweep):
 
 
 def points(cfg: Config) -> list[TrainConfig]:
-    return [p for n in cfg.world_sizes for impl in (("local", *cfg.systems) if n > 1 else ("local",))
-            for p in cfg.train_points(n, impl=impl, bucket_cap_mb=cfg.bucket_cap_mb, optimizer=cfg.optimizer,
-                                      checkpointing=cfg.checkpointing, memory=True)]
+    """Per N (a world size): the control at N ranks, each system on N ranks, and DataParallel's design as N
+    replicas in one process at the same global batch and total threads (``threads``)."""
+    shared = dict(bucket_cap_mb=cfg.bucket_cap_mb, optimizer=cfg.optimizer, checkpointing=cfg.checkpointing,
+                  memory=True)
+    out = []
+    for n in cfg.world_sizes:
+        for impl in ("local", *cfg.systems) if n > 1 else ("local",):
+            if impl != "threads":
+                out += cfg.train_points(n, impl=impl, **shared)
+                continue
+            profile = auto_profile_backend(cfg.profile, "gloo")[0]
+            for p in cfg.train_points(1, impl=impl, replicas=n, threads_per_rank=threads_per_rank(n), **shared):
+                out.append(dataclasses.replace(p, batch_size=n * input_spec(p.model, profile).batch_size))
+    return out
 
 
 def _selected(df, cfg: Config) -> pd.DataFrame:
     ok = common.ok_rows(df, net=cfg.net)
     if ok.empty:
         return ok
-    return ok[ok["model"].isin(cfg.models) & ok["impl"].isin(("local", *cfg.systems))
-              & (ok["optimizer"].fillna("sgd") == cfg.optimizer)
-              & (ok["checkpointing"].fillna(False).astype(bool) == cfg.checkpointing)
-              & ok["mem_measured_peak_bytes"].notna()]
+    ok = ok[ok["model"].isin(cfg.models) & ok["impl"].isin(("local", *cfg.systems))
+            & (ok["optimizer"].fillna("sgd") == cfg.optimizer)
+            & (ok["checkpointing"].fillna(False).astype(bool) == cfg.checkpointing)
+            & ok["mem_measured_peak_bytes"].notna()]
+    replicas = ok.get("replicas", pd.Series(1, index=ok.index)).fillna(1).astype(int)
+    return ok.assign(n=ok["world_size"] * replicas)  # ranks, or replicas in one process (threads)
 
 
 def _order(impls) -> list[str]:
@@ -74,7 +91,8 @@ def _order(impls) -> list[str]:
 def model_state_formula(impl: str, params: int, world_size: int, k: int) -> float:
     """ZeRO's model-state bytes per rank in fp32: parameters, gradients, K bytes of optimizer state per parameter,
     each term divided by N where the system shards it (ZeRO paper, Section 5 with 4-byte weights and gradients).
-    FSDP2 at rest is sharded like ZeRO-3 whether or not it reshards after forward."""
+    FSDP2 at rest is sharded like ZeRO-3 whether or not it reshards after forward. ``world_size`` is N (for
+    ``threads``, its replicas)."""
     n, p = world_size, params
     if impl in ("zero1", "deepspeed1"):
         return 4 * p + 4 * p + k * p / n
@@ -82,6 +100,8 @@ def model_state_formula(impl: str, params: int, world_size: int, k: int) -> floa
         return 4 * p + (4 + k) * p / n
     if impl in ("fsdp", "fsdp_keep", "deepspeed3"):
         return (4 + 4 + k) * p / n
+    if impl == "threads":  # N replicas' parameters in the one process, gradients summed into the first's
+        return 4 * p * n + 4 * p + k * p
     return (4 + 4 + k) * p
 
 
@@ -131,14 +151,14 @@ def plot(df, cfg: Config):
 
 
 def _labels(sel: pd.DataFrame) -> list[tuple[str, int]]:
-    pairs = {(i, int(n)) for i, n in zip(sel["impl"], sel["world_size"])}
+    pairs = {(i, int(n)) for i, n in zip(sel["impl"], sel["n"])}
     order = _order(i for i, _ in pairs)
     return sorted(pairs, key=lambda p: (p[1], order.index(p[0])))
 
 
 def _runtime(ax, sel: pd.DataFrame, model: str) -> None:
     pairs = _labels(sel)
-    data = [sel.loc[(sel["impl"] == i) & (sel["world_size"] == n), "total_ms"] for i, n in pairs]
+    data = [sel.loc[(sel["impl"] == i) & (sel["n"] == n), "total_ms"] for i, n in pairs]
     ax.boxplot(data, tick_labels=[f"{i}\nN={n}" for i, n in pairs], flierprops=dict(ms=2))
     ax.set_title(f"{model}: per-iteration latency", fontsize=10)
     ax.set_ylabel("ms")
@@ -152,12 +172,12 @@ def _memory(ax, sel: pd.DataFrame, model: str, cfg: Config) -> None:
     pairs = _labels(ranks)
     k = ADAM_STATE_BYTES if cfg.optimizer == "adam" else 0
     bottom = np.zeros(len(pairs))
-    medians = {c: [ranks.loc[(ranks["impl"] == i) & (ranks["world_size"] == n), f"mem_{c}_bytes"].median() / MIB
+    medians = {c: [ranks.loc[(ranks["impl"] == i) & (ranks["n"] == n), f"mem_{c}_bytes"].median() / MIB
                    for i, n in pairs] for c in CATEGORIES}
     for c in CATEGORIES:
         ax.bar(range(len(pairs)), medians[c], bottom=bottom, label=c.replace("_", " "))
         bottom += np.nan_to_num(medians[c])
-    measured = [ranks.loc[(ranks["impl"] == i) & (ranks["world_size"] == n), "mem_measured_peak_bytes"].median() / MIB
+    measured = [ranks.loc[(ranks["impl"] == i) & (ranks["n"] == n), "mem_measured_peak_bytes"].median() / MIB
                 for i, n in pairs]
     ax.plot(range(len(pairs)), measured, "kx", ms=7, label="peak measured without profiler")
     params = ranks["num_params"].max()
@@ -171,13 +191,13 @@ def _memory(ax, sel: pd.DataFrame, model: str, cfg: Config) -> None:
 
 def _timeline(ax, sel: pd.DataFrame, model: str) -> None:
     ranks = _per_rank(sel)
-    ranks = ranks[(ranks["rank"] == 0) & (ranks["world_size"] == ranks["world_size"].max())]
+    ranks = ranks[(ranks["rank"] == 0) & (ranks["n"] == ranks["n"].max())]
     for impl in _order(ranks["impl"]):
         row = ranks[ranks["impl"] == impl].iloc[0]
         series = np.array(json.loads(row["mem_timeline_json"] or "[]"), dtype=float)
         if len(series):
             ax.plot(series[:, 0] / series[-1, 0], series[:, 1:].sum(axis=1) / MIB, label=impl, lw=1)
-    ax.set_title(f"{model}: memory over one iteration, N={int(ranks['world_size'].max())}, rank 0", fontsize=10)
+    ax.set_title(f"{model}: memory over one iteration, N={int(ranks['n'].max())}, rank 0", fontsize=10)
     ax.set_xlabel("fraction of the profiled iteration")
     ax.set_ylabel("MiB (all categories)")
     ax.legend(fontsize=6)
@@ -186,9 +206,9 @@ def _timeline(ax, sel: pd.DataFrame, model: str) -> None:
 
 def _traffic(ax, sel: pd.DataFrame, model: str) -> None:
     ranks = _per_rank(sel)
-    ranks = ranks[(ranks["rank"] == 0) & (ranks["world_size"] > 1) & (ranks["impl"] != "local")]
+    ranks = ranks[(ranks["rank"] == 0) & (ranks["n"] > 1) & ranks["impl"].isin(TRAFFIC_UNITS)]
     pairs = _labels(ranks)
-    sent = [ranks.loc[(ranks["impl"] == i) & (ranks["world_size"] == n), "sent_bytes"].median() / MIB for i, n in pairs]
+    sent = [ranks.loc[(ranks["impl"] == i) & (ranks["n"] == n), "sent_bytes"].median() / MIB for i, n in pairs]
     params = ranks["num_params"].max() if len(ranks) else 0
     ax.bar(range(len(pairs)), sent, color="C0", label="measured")
     ax.plot(range(len(pairs)), [traffic_formula(i, params, n) / MIB for i, n in pairs], "kx", ms=7, label="theory")
@@ -207,10 +227,10 @@ def table(df, cfg: Config) -> pd.DataFrame:
     if ok.empty:
         return pd.DataFrame()
     k = ADAM_STATE_BYTES if cfg.optimizer == "adam" else 0
-    per_repeat = verdicts.repeat_medians(ok, ["model", "impl", "world_size"])
+    per_repeat = verdicts.repeat_medians(ok, ["model", "impl", "n"])
     rows = []
     for (model, impl, n), s in per_repeat.groupby(level=[0, 1, 2]):
-        r0 = _per_rank(ok[(ok["model"] == model) & (ok["impl"] == impl) & (ok["world_size"] == n)])
+        r0 = _per_rank(ok[(ok["model"] == model) & (ok["impl"] == impl) & (ok["n"] == n)])
         r0 = r0[r0["rank"] == 0]
         params = int(r0["num_params"].max())
         measured, profiled = r0["mem_measured_peak_bytes"].median(), r0["mem_profiled_peak_bytes"].median()
@@ -242,7 +262,8 @@ def summarize(df, cfg: Config) -> str:
                        else "no traffic")
             lines.append(f"  {r.impl} N={r.world_size}: {r.latency.fmt()}; peak {r.measured_peak_mib:.0f} MiB | "
                          f"{r.profiled_peak_mib:.0f} MiB ({r.categories_vs_measured_pct:+.0f}%); state "
-                         f"{r.model_state_mib:.0f} MiB vs {r.formula_mib:.0f} ({r.state_vs_formula_pct:+.0f}%); {traffic}")
+                         f"{r.model_state_mib:.0f} MiB vs {r.formula_mib:.0f} ({r.state_vs_formula_pct:+.0f}%); "
+                         f"{traffic}")
         lines += _verdicts(df, cfg, model)
     return "\n".join(lines)
 
@@ -252,7 +273,7 @@ def _verdicts(df, cfg: Config, model: str) -> list[str]:
     memory per rank falling as 1/N (peak and model state from the fewest to the most ranks)."""
     ok = _selected(df, cfg)
     ok = ok[ok["model"] == model]
-    per_repeat = verdicts.repeat_medians(ok, ["impl", "world_size"])
+    per_repeat = verdicts.repeat_medians(ok, ["impl", "n"])
     out = []
     for zero3 in ("deepspeed3", "fsdp"):
         keys = set(per_repeat.index.droplevel(-1))
@@ -262,11 +283,11 @@ def _verdicts(df, cfg: Config, model: str) -> list[str]:
             out.append(f"  claim 'ZeRO-3 slower than DDP at 2 workers' ({zero3} / torch DDP latency, N=2): "
                        f"{ratio.fmt('x', 2)}: {verdicts.verdict(ratio, 1.0)}")
         r0 = _per_rank(ok[(ok["impl"] == zero3) & (ok["rank"] == 0)])
-        sizes = sorted(r0["world_size"].unique())
+        sizes = sorted(r0["n"].unique())
         if len(sizes) >= 2:
             lo, hi = sizes[0], sizes[-1]
-            state = r0.groupby("world_size")["mem_model_state_bytes"].median()
-            peak = r0.groupby("world_size")["mem_measured_peak_bytes"].median()
+            state = r0.groupby("n")["mem_model_state_bytes"].median()
+            peak = r0.groupby("n")["mem_measured_peak_bytes"].median()
             out.append(f"  claim 'ZeRO-3 memory per rank ~ 1/N' ({zero3}, N={lo} -> {hi}, 1/N predicts "
                        f"{hi / lo:.1f}x less): model state {state[lo] / state[hi]:.2f}x less, whole peak "
                        f"{peak[lo] / peak[hi]:.2f}x less (activations are not sharded)")

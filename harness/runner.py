@@ -13,7 +13,9 @@ and exposed communication comes from the DDP implementation's own instrumentatio
   iteration. The runner calls it after the iteration's clocks stop, and if ``iteration`` did not advance
   (a torch without that behaviour) it falls back to host timers: backward_compute_ms = whole backward,
   exposed comm unknown (NaN); ``breakdown_source`` says which was used.
-* ``local`` and iterations inside ``no_sync()``: no communication, so backward compute = host backward and
+* ``zero1``, ``fsdp*``, ``deepspeed*``: communication happens inside their own backward and is not separated:
+  backward_compute_ms and exposed comm are NaN (``host``).
+* ``local``, ``threads`` and iterations inside ``no_sync()``: no communication, so backward compute = host backward and
   exposed comm = 0 (``breakdown_source = host``).
 
 With ``sync_every = n``, iteration ``i`` (counted from the first warmup iteration) synchronizes when
@@ -22,7 +24,6 @@ With ``sync_every = n``, iteration ``i`` (counted from the first warmup iteratio
 from __future__ import annotations
 
 import contextlib
-import datetime
 import json
 import math
 import os
@@ -37,7 +38,7 @@ from harness import memory
 from harness.config import TrainConfig
 from harness.launch import RankContext, inject_fault
 from harness.models import compute_loss, input_spec, make_inputs, seeded_model
-from harness.systems import ZERO_IMPLS, Trainer, build, preload, state_tensors
+from harness.systems import DDP_IMPLS, ZERO_IMPLS, Trainer, build, preload, state_tensors
 
 NS_PER_MS = 1e6
 
@@ -47,8 +48,9 @@ def build_trainer(model: torch.nn.Module, cfg: TrainConfig, ctx: RankContext) ->
     its backward breakdown from that logger. Only here: sampling every iteration costs torch's DDP time the
     bench would count against it."""
     trainer = build(model, ctx, impl=cfg.impl, optimizer=cfg.optimizer, lr=cfg.lr, checkpointing=cfg.checkpointing,
-                    bucket_cap_mb=cfg.bucket_cap_mb, replicas=cfg.replicas, gradient_as_bucket_view=cfg.gradient_as_bucket_view,
-                    overlap=cfg.overlap, round_robin_groups=cfg.round_robin_groups, comm_hook=cfg.comm_hook)
+                    bucket_cap_mb=cfg.bucket_cap_mb, replicas=cfg.replicas, overlap=cfg.overlap,
+                    gradient_as_bucket_view=cfg.gradient_as_bucket_view, round_robin_groups=cfg.round_robin_groups,
+                    comm_hook=cfg.comm_hook)
     if cfg.impl == "torch":
         trainer.model._set_ddp_runtime_logging_sample_rate(1)
     if cfg.trace_buckets:
@@ -100,7 +102,7 @@ class _Breakdown:
         if self.impl in ZERO_IMPLS:  # communication inside the system's own backward: not separable here
             out.update(backward_compute_ms=nan, backward_comm_exposed_ms=nan)
             return out
-        if self.impl == "local" or not synced:
+        if self.impl not in DDP_IMPLS or not synced:  # local and threads: no communication to separate
             return out
         if self.impl == "torch":
             return self._torch(out)

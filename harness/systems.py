@@ -233,7 +233,7 @@ def preload(impl: str) -> None:
     """Import what ``impl`` needs before a memory measurement starts, so loaded code is not counted as tensors."""
     if impl.startswith("deepspeed"):
         os.environ.setdefault("DS_ACCELERATOR", "cuda" if torch.cuda.is_available() else "cpu")
-        import deepspeed  # noqa: F401
+        importlib.import_module("deepspeed")
     elif impl.startswith("fsdp"):
         importlib.import_module("torch.distributed.fsdp")
 
