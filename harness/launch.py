@@ -20,6 +20,7 @@ and records it in ``ctx.num_threads``. NCCL ranks use GPU ``local_rank``.
 """
 from __future__ import annotations
 
+import ctypes
 import datetime
 import gc
 import multiprocessing
@@ -125,11 +126,21 @@ def _pool_worker(rank, world_size, backend, port, timeout_s, threads, tasks, res
             except BaseException:  # noqa: BLE001 - everything goes back to the parent, which ends the pool
                 results.put((rank, task_id, "error", traceback.format_exc()))
             gc.collect()  # the task's model and DDP (reference cycles) go before the next task is timed
+            _return_freed_memory()
     except BaseException:  # noqa: BLE001 - set-up failed: every task of this pool fails with it
         results.put((rank, None, "error", traceback.format_exc()))
     finally:
         if dist.is_initialized():
             dist.destroy_process_group()
+
+
+def _return_freed_memory() -> None:
+    """Hand the heap's free memory back to the system between tasks (glibc keeps it otherwise), so an idle rank
+    holds only what it still uses."""
+    try:
+        ctypes.CDLL("libc.so.6").malloc_trim(0)
+    except (OSError, AttributeError):
+        pass
 
 
 def _terminate(procs) -> None:

@@ -26,6 +26,7 @@ import random
 import sys
 import time
 import traceback
+from pathlib import Path
 from typing import Sequence
 
 import pandas as pd
@@ -56,10 +57,23 @@ def run_point(cfg: PointConfig, deadline_s: float | None = None, fn=None) -> lis
         return _measure(cfg, deadline_s, _Pools(pools), fn)
 
 
+def available_memory_fraction() -> float:
+    """The share of this machine's memory the kernel says is available (``/proc/meminfo``; 1.0 elsewhere)."""
+    try:
+        info = dict(line.split(":", 1) for line in Path("/proc/meminfo").read_text().splitlines())
+        return int(info["MemAvailable"].split()[0]) / int(info["MemTotal"].split()[0])
+    except (OSError, KeyError, ValueError):
+        return 1.0
+
+
 class _Pools(dict):
     """The ranks a sweep keeps between its points, one pool per (network, ranks, backend, timeout, threads):
     process start, imports and process-group set-up are paid once per pool, not once per point. Closed with the
-    ``ExitStack`` given; a pool whose point failed starts fresh ranks for the next one."""
+    ``ExitStack`` given; a pool whose point failed starts fresh ranks for the next one. Idle pools hold their
+    ranks' memory (big models, optimizer state), so before a new pool starts while less than ``MIN_AVAILABLE``
+    of the memory is available, the others are closed."""
+
+    MIN_AVAILABLE = 0.5
 
     def __init__(self, stack: contextlib.ExitStack):
         super().__init__()
@@ -68,6 +82,9 @@ class _Pools(dict):
     def get_for(self, cfg: PointConfig, rate_mbit: float | None):
         key = (rate_mbit, cfg.world_size, cfg.backend, cfg.timeout_s, cfg.threads_per_rank)
         if key not in self:
+            if self and available_memory_fraction() < self.MIN_AVAILABLE:
+                for other in list(self):
+                    self.pop(other).close()
             how = dict(timeout_s=cfg.timeout_s, threads=cfg.threads_per_rank)
             pool = (RankPool(cfg.world_size, cfg.backend, **how) if rate_mbit is None else
                     netem.NamespacePool(cfg.world_size, cfg.backend, rate_mbit=rate_mbit, **how))

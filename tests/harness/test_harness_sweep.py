@@ -103,3 +103,17 @@ def test_schedule_runs_one_shuffled_pass_per_repetition():
     assert all(sorted(p) == list(range(6)) for p in passes) and len({tuple(p) for p in passes}) > 1  # shuffled
     assert order == list(sweep.schedule(points, seed=0))  # a rerun or a resume keeps the order
     assert order != list(sweep.schedule(points, seed=1))
+
+
+def test_idle_pools_are_closed_before_a_new_one_starts_when_memory_runs_low(monkeypatch):
+    import contextlib
+
+    with contextlib.ExitStack() as stack:
+        pools = sweep._Pools(stack)
+        first = pools.get_for(TrainConfig(world_size=1), None)
+        monkeypatch.setattr(sweep, "available_memory_fraction", lambda: 0.9)
+        pools.get_for(TrainConfig(world_size=2), None)
+        assert len(pools) == 2  # plenty of memory: both kept
+        monkeypatch.setattr(sweep, "available_memory_fraction", lambda: 0.1)
+        third = pools.get_for(TrainConfig(world_size=3), None)
+        assert list(pools.values()) == [third] and first not in pools.values()

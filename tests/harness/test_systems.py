@@ -10,7 +10,7 @@ from harness.config import TrainConfig, validate
 from harness.launch import RankContext, check_backend, launch
 from harness.models import compute_loss, input_spec, make_inputs, seeded_model
 from harness.sweep import run_point
-from harness.systems import ThreadReplicas, build, state_tensors
+from harness.systems import ThreadReplicas, blocks, build, state_tensors
 
 CPU = RankContext(0, 1, 0, "gloo", torch.device("cpu"), 1, 60.0)
 SYSTEMS = ("torch", "zero1", "fsdp", "fsdp_keep", "deepspeed1", "deepspeed2", "deepspeed3")
@@ -93,6 +93,23 @@ def test_data_parallel_threads_sum_the_replicas_gradients():
     for got, want in zip(dp.model.module.parameters(), expected.parameters()):
         torch.testing.assert_close(got.grad, want.grad, rtol=1e-4, atol=1e-6)
     assert isinstance(dp.model, ThreadReplicas) and len(list(dp.model.parameters())) == len(list(expected.parameters()))
+
+
+def test_activation_checkpointing_recomputes_to_the_same_gradients():
+    inputs = make_inputs("small", input_spec("small", "cpu"), torch.device("cpu"))
+    grads, saved = [], []
+    for checkpointing in (False, True):
+        trainer = build(seeded_model("small", 0), CPU, impl="local", checkpointing=checkpointing)
+        packed = []
+        with torch.autograd.graph.saved_tensors_hooks(lambda t: packed.append(t.numel()) or t, lambda t: t):
+            loss = compute_loss("small", trainer.model, inputs)
+        saved.append(sum(packed))
+        trainer.backward(loss)
+        grads.append([p.grad for p in trainer.model.parameters()])
+    for plain, recomputed in zip(*grads):
+        torch.testing.assert_close(recomputed, plain)
+    assert saved[1] < saved[0]  # forward kept each block's input, not what is inside it
+    assert len(blocks(seeded_model("resnet50", 0))) == 16  # ResNet50's bottlenecks: 3 + 4 + 6 + 3
 
 
 def test_memory_categories_name_the_model_state():
