@@ -186,7 +186,8 @@ def _memory(ax, sel: pd.DataFrame, model: str, cfg: Config) -> None:
     ax.set_xticks(range(len(pairs)), [f"{i}\nN={n}" for i, n in pairs], fontsize=6, rotation=90)
     ax.set_title(f"{model}: memory per rank at its peak", fontsize=10)
     ax.set_ylabel("MiB")
-    ax.legend(fontsize=6)
+    ax.set_ylim(top=1.6 * np.nanmax([*bottom, *measured, 1]))  # room for the legend above the bars
+    ax.legend(fontsize=6, ncol=2, loc="upper left")
 
 
 def _timeline(ax, sel: pd.DataFrame, model: str) -> None:

@@ -67,7 +67,7 @@ class TrainConfig:
     repeat: int = _field(0, "non_negative", added=True)  # which repetition of the point (again, same seed)
     trace_buckets: bool = _field(False, added=True)  # ours only: per-bucket ready and true completion times
     lr: float = 0.01
-    optimizer: str = _field("sgd", choices=OPTIMIZERS, added=True)  # torch's SGD or Adam, for every impl
+    optimizer: str = _field("sgd", choices=tuple(OPTIMIZERS), added=True)  # torch's SGD or Adam, for every impl
     checkpointing: bool = _field(False, added=True)  # activation checkpointing per block (harness.systems)
     memory: bool = _field(False, added=True)  # + one iteration measuring peak memory, one profiling it by category
     replicas: int = _field(1, "positive", added=True)  # impl=threads: model replicas in the one process

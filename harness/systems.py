@@ -25,7 +25,6 @@ block and checkpointing recomputes per block.
 from __future__ import annotations
 
 import datetime
-import functools
 import importlib
 import os
 from dataclasses import dataclass
@@ -39,7 +38,6 @@ from harness.launch import RankContext
 DDP_IMPLS = ("ours", "torch")
 ZERO_IMPLS = ("zero1", "fsdp", "fsdp_keep", "deepspeed1", "deepspeed2", "deepspeed3")
 IMPLS = ("local", *DDP_IMPLS, *ZERO_IMPLS, "threads")
-OPTIMIZERS = ("sgd", "adam")
 
 
 def wrap(model: nn.Module, impl: str, ctx: RankContext, bucket_cap_mb: float, *,
@@ -94,18 +92,33 @@ def blocks(model: nn.Module) -> list[nn.Module]:
     return found
 
 
-def checkpoint_blocks(model: nn.Module) -> None:
-    """Recompute each block's activations in backward instead of storing them (non-reentrant checkpointing)."""
-    from torch.utils.checkpoint import checkpoint
+class Checkpointed(nn.Module):
+    """A block whose activations are recomputed in backward instead of stored (non-reentrant checkpointing)."""
 
-    for block in blocks(model):
-        block.forward = functools.partial(checkpoint, block.forward, use_reentrant=False)
+    def __init__(self, block: nn.Module):
+        super().__init__()
+        self.block = block
+
+    def forward(self, *args, **kwargs):
+        from torch.utils.checkpoint import checkpoint
+
+        return checkpoint(self.block, *args, use_reentrant=False, **kwargs)
+
+
+def checkpoint_blocks(model: nn.Module) -> None:
+    """Put every block (:func:`blocks`) behind :class:`Checkpointed`, in place."""
+    targets = {id(b) for b in blocks(model)}
+    for parent in list(model.modules()):
+        for name, child in list(parent.named_children()):
+            if id(child) in targets:
+                parent._modules[name] = Checkpointed(child)
+
+
+OPTIMIZERS = {"sgd": torch.optim.SGD, "adam": torch.optim.Adam}
 
 
 def make_optimizer(name: str, params, lr: float) -> torch.optim.Optimizer:
-    if name == "adam":
-        return torch.optim.Adam(params, lr=lr)
-    return torch.optim.SGD(params, lr=lr)
+    return OPTIMIZERS[name](params, lr=lr)
 
 
 def build(model: nn.Module, ctx: RankContext, *, impl: str, optimizer: str = "sgd", lr: float = 0.01,
@@ -123,8 +136,7 @@ def build(model: nn.Module, ctx: RankContext, *, impl: str, optimizer: str = "sg
         from torch.distributed.optim import ZeroRedundancyOptimizer
 
         model = wrap(model, "torch", ctx, **ddp_options)
-        cls = torch.optim.Adam if optimizer == "adam" else torch.optim.SGD
-        return Trainer(model, ZeroRedundancyOptimizer(model.parameters(), optimizer_class=cls, lr=lr,
+        return Trainer(model, ZeroRedundancyOptimizer(model.parameters(), optimizer_class=OPTIMIZERS[optimizer], lr=lr,
                                                       process_group=ctx.group))
     if impl == "threads":
         if ctx.device.type == "cuda":

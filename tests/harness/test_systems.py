@@ -81,15 +81,17 @@ def test_deepspeed_with_adam_steps_like_torch_ddp(trained):
     _assert_same_steps(trained, ["deepspeed1", "deepspeed2", "deepspeed3"])
 
 
-def test_data_parallel_threads_sum_the_replicas_gradients():
+@pytest.mark.parametrize("checkpointing", [False, True])
+def test_data_parallel_threads_sum_the_replicas_gradients(checkpointing):
     """K replicas on threads give the gradient of the whole batch's mean loss, split K ways (the first
     replica's BatchNorm statistics from its own chunk, as nn.DataParallel keeps them)."""
     inputs = make_inputs("small", input_spec("small", "cpu", batch_size=12), torch.device("cpu"))
-    dp = build(seeded_model("small", 0), CPU, impl="threads", replicas=3)
+    dp = build(seeded_model("small", 0), CPU, impl="threads", replicas=3, checkpointing=checkpointing)
     dp.backward(compute_loss("small", dp.model, inputs))
     expected = seeded_model("small", 0)
     for x, y in zip(inputs["x"].tensor_split(3), inputs["y"].tensor_split(3)):
         (nn.functional.cross_entropy(expected(x), y) / 3).backward()
+    assert all(p.grad is None for other in dp.model.others for p in other.parameters())  # summed, then cleared
     for got, want in zip(dp.model.module.parameters(), expected.parameters()):
         torch.testing.assert_close(got.grad, want.grad, rtol=1e-4, atol=1e-6)
     assert isinstance(dp.model, ThreadReplicas) and len(list(dp.model.parameters())) == len(list(expected.parameters()))
