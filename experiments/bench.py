@@ -32,6 +32,7 @@ from harness.config import MODELS, PROFILES, auto_profile_backend, parse_datacla
 from harness.env import in_place, is_writer
 from harness.errors import command_line, refusing
 from harness.launch import BACKENDS, RankContext, check_backend, launch
+from harness.memory import PeakMeter, current_bytes
 from harness.models import input_spec, make_inputs, seeded_model
 from harness.results import git_commit, results_root, write_csv_atomic
 from harness.runner import machine_metadata, timed_iteration
@@ -145,22 +146,6 @@ def latency_job(ctx: RankContext, name: str, cap_mb: float, cfg: BenchConfig) ->
                 num_params=sum(p.numel() for p in local.parameters()))
 
 
-def _memory_now(ctx: RankContext) -> tuple[int, int]:
-    """(current, peak) bytes: CUDA allocator stats on GPU, resident set size (VmRSS, VmHWM) on CPU."""
-    if ctx.device.type == "cuda":
-        return torch.cuda.memory_allocated(ctx.device), torch.cuda.max_memory_allocated(ctx.device)
-    fields = dict(line.split(":", 1) for line in Path("/proc/self/status").read_text().splitlines() if ":" in line)
-    kib = lambda key: int(fields[key].split()[0]) * 1024  # noqa: E731
-    return kib("VmRSS"), kib("VmHWM")
-
-
-def _reset_peak(ctx: RankContext) -> None:
-    if ctx.device.type == "cuda":
-        torch.cuda.reset_peak_memory_stats(ctx.device)
-    else:
-        Path("/proc/self/clear_refs").write_text("5")  # Linux: reset VmHWM to the current RSS
-
-
 def memory_job(ctx: RankContext, name: str, cap_mb: float, variant: str, as_view: bool, cfg: BenchConfig) -> dict:
     """Peak memory of one variant above what model + inputs hold: while wrapping and through the bucket
     rebuild (first 2 iterations), and in steady state (the next ``memory_iters``)."""
@@ -173,19 +158,17 @@ def memory_job(ctx: RankContext, name: str, cap_mb: float, variant: str, as_view
     del opt
     gc.collect()
     ctx.synchronize()
-    before, _ = _memory_now(ctx)
-    _reset_peak(ctx)
-    wrapped = wrap(model, variant, ctx, cap_mb, gradient_as_bucket_view=as_view)
-    opt = torch.optim.SGD(wrapped.parameters(), lr=cfg.lr)
-    peaks = []
-    for iters in (2, cfg.memory_iters):
-        for _ in range(iters):
+    before = current_bytes(ctx.device)
+    with PeakMeter(ctx.device, before) as startup:
+        wrapped = wrap(model, variant, ctx, cap_mb, gradient_as_bucket_view=as_view)
+        opt = torch.optim.SGD(wrapped.parameters(), lr=cfg.lr)
+        for _ in range(2):
             _iteration(name, wrapped, opt, inputs, ctx)
-        ctx.synchronize()
-        peaks.append(_memory_now(ctx)[1])
-        _reset_peak(ctx)
+    with PeakMeter(ctx.device, before) as steady:
+        for _ in range(cfg.memory_iters):
+            _iteration(name, wrapped, opt, inputs, ctx)
     param_bytes = sum(p.numel() * p.element_size() for p in model.parameters())
-    return dict(rank=ctx.rank, startup_peak_mb=(peaks[0] - before) / MIB, peak_mb=(peaks[1] - before) / MIB,
+    return dict(rank=ctx.rank, startup_peak_mb=startup.peak / MIB, peak_mb=steady.peak / MIB,
                 param_mb=param_bytes / MIB)
 
 

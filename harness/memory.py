@@ -35,11 +35,10 @@ TIMELINE_POINTS = 200  # samples of the timeline kept per rank (the profile has 
 
 @dataclass
 class MemoryProfile:
-    """One iteration's memory on one rank: each category at the moment the total peaked, each category's own
-    peak, the categories' total over time (ms from the iteration's start, bytes) and the state before forward."""
+    """One iteration's memory on one rank: each category at the moment the total peaked, before forward, and
+    over time (ms from the iteration's start, bytes)."""
 
     at_peak: dict[str, int]
-    peaks: dict[str, int]
     at_start: dict[str, int]
     timeline: list[tuple[float, dict[str, int]]]
 
@@ -124,12 +123,11 @@ def categorize(mp, device: torch.device, known: dict[int, tuple[str, int]] | Non
         return "communication_buffers" if key in comm else "other"
 
     seen = {key.storage.ptr for _, _, (key, _), _ in mp.timeline if isinstance(key, TensorKey)}
-
     sizes = dict.fromkeys(CATEGORIES, 0)
     for ptr, (name, nbytes) in known.items():
         if ptr not in seen:
             sizes[name] += nbytes
-    peaks, at_peak, at_start = dict(sizes), dict(sizes), None
+    at_peak, at_start = dict(sizes), None
     series: list[tuple[int, dict[str, int]]] = []
     t0 = None
     for t, action, (key, version), nbytes in mp.timeline:
@@ -147,13 +145,11 @@ def categorize(mp, device: torch.device, known: dict[int, tuple[str, int]] | Non
             if t0 is None:
                 t0, at_start = t, dict(sizes)
             series.append((t, dict(sizes)))
-        for k, v in sizes.items():
-            peaks[k] = max(peaks[k], v)
         if sum(sizes.values()) > sum(at_peak.values()):
             at_peak = dict(sizes)
     step = max(1, len(series) // TIMELINE_POINTS)
     timeline = [((t - t0) / 1e6, s) for t, s in series[::step]] if t0 is not None else []
-    return MemoryProfile(at_peak=at_peak, peaks=peaks, at_start=at_start or dict(sizes), timeline=timeline)
+    return MemoryProfile(at_peak=at_peak, at_start=at_start or dict(sizes), timeline=timeline)
 
 
 # --------------------------------------------------------------------------- the independent peak
@@ -172,13 +168,17 @@ def return_freed_memory() -> None:
         libc.malloc_trim(0)
 
 
-def resident_bytes() -> int:
-    return _status_kib("VmRSS") * 1024 if Path("/proc/self/status").exists() else 0
+def current_bytes(device: torch.device) -> int:
+    """What the process holds now: CUDA's allocated bytes on a GPU, the resident set (VmRSS) on CPU."""
+    if device.type == "cuda":
+        return torch.cuda.memory_allocated(device)
+    return _status_kib("VmRSS") * 1024
 
 
 class PeakMeter:
-    """The peak memory of what runs inside ``with meter:``, measured without the profiler: CUDA's allocator
-    peak on GPU; on CPU the resident high-water mark over ``floor`` (the process's size without tensors)."""
+    """The peak memory of what runs inside ``with meter:`` over ``floor`` (:func:`current_bytes` before the
+    tensors of interest existed), measured without the profiler: CUDA's allocator peak on GPU, the resident
+    high-water mark (VmHWM) on CPU."""
 
     def __init__(self, device: torch.device, floor: int = 0):
         self.device, self.floor, self.peak = device, floor, 0
@@ -194,7 +194,7 @@ class PeakMeter:
     def __exit__(self, *exc) -> None:
         if self.device.type == "cuda":
             torch.cuda.synchronize(self.device)
-            self.peak = torch.cuda.max_memory_allocated(self.device)
+            self.peak = torch.cuda.max_memory_allocated(self.device) - self.floor
         else:
             self.peak = _status_kib("VmHWM") * 1024 - self.floor
 

@@ -180,7 +180,7 @@ def run_training_point(ctx: RankContext, cfg: TrainConfig) -> list[dict]:
         preload(cfg.impl)
         memory.profiled(lambda: torch.ones(1) + 1)
         seeded_model(cfg.model, cfg.seed)
-    floor = memory.resident_bytes()  # the process without this point's tensors: PeakMeter's zero
+    floor = memory.current_bytes(ctx.device)  # the process without this point's tensors: PeakMeter's zero
     model = seeded_model(cfg.model, cfg.seed).to(ctx.device)  # same weights on every rank (DDP broadcasts them)
     num_params = sum(p.numel() for p in model.parameters())
     spec = input_spec(cfg.model, cfg.profile, cfg.batch_size)

@@ -114,8 +114,8 @@ def test_bench_config_is_validated():
         validate_bench(BenchConfig(warmup=1))  # both DDPs rebuild their buckets after the first iteration
     with pytest.raises(ValueError, match="bucket_caps_mb"):
         validate_bench(BenchConfig(bucket_caps_mb=(25.0, -1.0)))
-    with pytest.raises(ValueError, match="unknown backend 'mpi'"):
-        validate_bench(BenchConfig(backend="mpi"))
+    with pytest.raises(ValueError, match="unknown backend 'tpu'"):
+        validate_bench(BenchConfig(backend="tpu"))
     with pytest.raises(ValueError, match="malloc"):
         validate_bench(BenchConfig(malloc="jemalloc"))
     with mock.patch.dict(os.environ, {"RANK": "0"}), pytest.raises(ValueError, match="export MALLOC_MMAP_MAX_=0"):
