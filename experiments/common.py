@@ -28,7 +28,7 @@ import numpy as np  # noqa: E402
 import pandas as pd  # noqa: E402
 
 from experiments import verdicts  # noqa: E402
-from harness import TrainConfig  # noqa: E402
+from harness import TrainConfig, env  # noqa: E402
 from harness.config import DEFAULT_NET  # noqa: E402
 from harness.results import results_root  # noqa: E402
 
@@ -64,9 +64,7 @@ class ModelSweep(Timed):
 
 
 def cuda_gpus() -> int:
-    import torch
-
-    return torch.cuda.device_count() if torch.cuda.is_available() else 0
+    return env.cuda_devices() if env.cuda_available() else 0
 
 
 def mpi_available() -> bool:

@@ -121,9 +121,21 @@ def traffic_formula(impl: str, params: int, world_size: int) -> float:
 
 # --------------------------------------------------------------------------- the figure
 
-def _per_rank(sel: pd.DataFrame) -> pd.DataFrame:
-    """One row per (point, rank): the memory and traffic columns, the same on every row of a rank."""
-    return sel[sel["iteration"] == 0]
+def _rank0(sel: pd.DataFrame) -> pd.DataFrame:
+    """One row per point: rank 0's memory and traffic columns (the same on every row of a rank)."""
+    return sel[(sel["iteration"] == 0) & (sel["rank"] == 0)]
+
+
+def _state_bytes_per_param(cfg: Config) -> int:
+    return ADAM_STATE_BYTES if cfg.optimizer == "adam" else 0
+
+
+def _medians_mib(ranks: pd.DataFrame, pairs: list[tuple[str, int]], column: str) -> list[float]:
+    return [ranks.loc[(ranks["impl"] == i) & (ranks["n"] == n), column].median() / MIB for i, n in pairs]
+
+
+def _system_ticks(ax, pairs: list[tuple[str, int]]) -> None:
+    ax.set_xticks(range(len(pairs)), [f"{i}\nN={n}" for i, n in pairs], fontsize=6, rotation=90)
 
 
 def plot(df, cfg: Config):
@@ -167,23 +179,20 @@ def _runtime(ax, sel: pd.DataFrame, model: str) -> None:
 
 
 def _memory(ax, sel: pd.DataFrame, model: str, cfg: Config) -> None:
-    ranks = _per_rank(sel)
-    ranks = ranks[ranks["rank"] == 0]
+    ranks = _rank0(sel)
     pairs = _labels(ranks)
-    k = ADAM_STATE_BYTES if cfg.optimizer == "adam" else 0
+    k = _state_bytes_per_param(cfg)
     bottom = np.zeros(len(pairs))
-    medians = {c: [ranks.loc[(ranks["impl"] == i) & (ranks["n"] == n), f"mem_{c}_bytes"].median() / MIB
-                   for i, n in pairs] for c in CATEGORIES}
     for c in CATEGORIES:
-        ax.bar(range(len(pairs)), medians[c], bottom=bottom, label=c.replace("_", " "))
-        bottom += np.nan_to_num(medians[c])
-    measured = [ranks.loc[(ranks["impl"] == i) & (ranks["n"] == n), "mem_measured_peak_bytes"].median() / MIB
-                for i, n in pairs]
+        median = _medians_mib(ranks, pairs, f"mem_{c}_bytes")
+        ax.bar(range(len(pairs)), median, bottom=bottom, label=c.replace("_", " "))
+        bottom += np.nan_to_num(median)
+    measured = _medians_mib(ranks, pairs, "mem_measured_peak_bytes")
     ax.plot(range(len(pairs)), measured, "kx", ms=7, label="peak measured without profiler")
     params = ranks["num_params"].max()
     ax.plot(range(len(pairs)), [model_state_formula(i, params, n, k) / MIB for i, n in pairs], "o", mfc="none",
             color="k", label="ZeRO formula: model state")
-    ax.set_xticks(range(len(pairs)), [f"{i}\nN={n}" for i, n in pairs], fontsize=6, rotation=90)
+    _system_ticks(ax, pairs)
     ax.set_title(f"{model}: memory per rank at its peak", fontsize=10)
     ax.set_ylabel("MiB")
     ax.set_ylim(top=1.6 * np.nanmax([*bottom, *measured, 1]))  # room for the legend above the bars
@@ -191,8 +200,8 @@ def _memory(ax, sel: pd.DataFrame, model: str, cfg: Config) -> None:
 
 
 def _timeline(ax, sel: pd.DataFrame, model: str) -> None:
-    ranks = _per_rank(sel)
-    ranks = ranks[(ranks["rank"] == 0) & (ranks["n"] == ranks["n"].max())]
+    ranks = _rank0(sel)
+    ranks = ranks[ranks["n"] == ranks["n"].max()]
     for impl in _order(ranks["impl"]):
         row = ranks[ranks["impl"] == impl].iloc[0]
         series = np.array(json.loads(row["mem_timeline_json"] or "[]"), dtype=float)
@@ -206,14 +215,13 @@ def _timeline(ax, sel: pd.DataFrame, model: str) -> None:
 
 
 def _traffic(ax, sel: pd.DataFrame, model: str) -> None:
-    ranks = _per_rank(sel)
-    ranks = ranks[(ranks["rank"] == 0) & (ranks["n"] > 1) & ranks["impl"].isin(TRAFFIC_UNITS)]
+    ranks = _rank0(sel)
+    ranks = ranks[(ranks["n"] > 1) & ranks["impl"].isin(TRAFFIC_UNITS)]
     pairs = _labels(ranks)
-    sent = [ranks.loc[(ranks["impl"] == i) & (ranks["n"] == n), "sent_bytes"].median() / MIB for i, n in pairs]
     params = ranks["num_params"].max() if len(ranks) else 0
-    ax.bar(range(len(pairs)), sent, color="C0", label="measured")
+    ax.bar(range(len(pairs)), _medians_mib(ranks, pairs, "sent_bytes"), color="C0", label="measured")
     ax.plot(range(len(pairs)), [traffic_formula(i, params, n) / MIB for i, n in pairs], "kx", ms=7, label="theory")
-    ax.set_xticks(range(len(pairs)), [f"{i}\nN={n}" for i, n in pairs], fontsize=6, rotation=90)
+    _system_ticks(ax, pairs)
     ax.set_title(f"{model}: bytes sent per rank per iteration", fontsize=10)
     ax.set_ylabel("MiB")
     ax.legend(fontsize=6)
@@ -227,12 +235,11 @@ def table(df, cfg: Config) -> pd.DataFrame:
     ok = _selected(df, cfg)
     if ok.empty:
         return pd.DataFrame()
-    k = ADAM_STATE_BYTES if cfg.optimizer == "adam" else 0
+    k = _state_bytes_per_param(cfg)
     per_repeat = verdicts.repeat_medians(ok, ["model", "impl", "n"])
     rows = []
     for (model, impl, n), s in per_repeat.groupby(level=[0, 1, 2]):
-        r0 = _per_rank(ok[(ok["model"] == model) & (ok["impl"] == impl) & (ok["n"] == n)])
-        r0 = r0[r0["rank"] == 0]
+        r0 = _rank0(ok[(ok["model"] == model) & (ok["impl"] == impl) & (ok["n"] == n)])
         params = int(r0["num_params"].max())
         measured, profiled = r0["mem_measured_peak_bytes"].median(), r0["mem_profiled_peak_bytes"].median()
         state, formula = r0["mem_model_state_bytes"].median(), model_state_formula(impl, params, int(n), k)
@@ -283,7 +290,7 @@ def _verdicts(df, cfg: Config, model: str) -> list[str]:
             ratio = verdicts.spread(verdicts.paired_ratios(s, zero3, "torch"))
             out.append(f"  claim 'ZeRO-3 slower than DDP at 2 workers' ({zero3} / torch DDP latency, N=2): "
                        f"{ratio.fmt('x', 2)}: {verdicts.verdict(ratio, 1.0)}")
-        r0 = _per_rank(ok[(ok["impl"] == zero3) & (ok["rank"] == 0)])
+        r0 = _rank0(ok[ok["impl"] == zero3])
         sizes = sorted(r0["n"].unique())
         if len(sizes) >= 2:
             lo, hi = sizes[0], sizes[-1]

@@ -126,7 +126,7 @@ def _pool_worker(rank, world_size, backend, port, timeout_s, threads, tasks, res
             except BaseException:  # noqa: BLE001 - everything goes back to the parent, which ends the pool
                 results.put((rank, task_id, "error", traceback.format_exc()))
             gc.collect()  # the task's model and DDP (reference cycles) go before the next task is timed
-            _return_freed_memory()
+            trim_heap()
     except BaseException:  # noqa: BLE001 - set-up failed: every task of this pool fails with it
         results.put((rank, None, "error", traceback.format_exc()))
     finally:
@@ -134,9 +134,9 @@ def _pool_worker(rank, world_size, backend, port, timeout_s, threads, tasks, res
             dist.destroy_process_group()
 
 
-def _return_freed_memory() -> None:
-    """Hand the heap's free memory back to the system between tasks (glibc keeps it otherwise), so an idle rank
-    holds only what it still uses."""
+def trim_heap() -> None:
+    """Hand the heap's free memory back to the system (glibc keeps it otherwise); pool ranks do it between
+    tasks, so an idle rank holds only what it still uses."""
     try:
         ctypes.CDLL("libc.so.6").malloc_trim(0)
     except (OSError, AttributeError):
@@ -314,7 +314,7 @@ def check_backend(backend: str, world_size: int) -> None:
         return
     if not env.cuda_available():
         raise ValueError("backend='nccl' needs CUDA, but torch.cuda.is_available() is False")
-    local, gpus = env.ranks_on_this_node(world_size), torch.cuda.device_count()
+    local, gpus = env.ranks_on_this_node(world_size), env.cuda_devices()
     if local > gpus:
         raise ValueError(f"world_size={world_size} puts {local} ranks on this node but only {gpus} GPU(s) are "
                          f"visible; backend='nccl' needs one GPU per rank")

@@ -25,6 +25,8 @@ from pathlib import Path
 
 import torch
 
+from harness.launch import trim_heap
+
 CATEGORIES = ("parameters", "gradients", "optimizer_state", "activations", "communication_buffers", "other")
 _PROFILER_CATEGORY = {"PARAMETER": "parameters", "GRADIENT": "gradients", "OPTIMIZER_STATE": "optimizer_state",
                       "ACTIVATION": "activations", "TEMPORARY": "activations", "INPUT": "activations",
@@ -165,7 +167,7 @@ def return_freed_memory() -> None:
         libc = ctypes.CDLL("libc.so.6")
         libc.mallopt(-3, 64 * 1024)  # M_MMAP_THRESHOLD
         libc.mallopt(-1, 64 * 1024)  # M_TRIM_THRESHOLD
-        libc.malloc_trim(0)
+    trim_heap()
 
 
 def current_bytes(device: torch.device) -> int:
