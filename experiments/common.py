@@ -144,12 +144,15 @@ def shown_backends(backends, unavailable: dict) -> list[str]:
     return [b for b in backends if b not in unavailable] or list(backends)
 
 
-def model_backend_panels(ok: pd.DataFrame, models, backends, unavailable: dict, draw, width: float = 4.2):
+def model_backend_panels(ok: pd.DataFrame, models, backends, unavailable: dict, draw, width: float = 4.2,
+                         simulated=None):
     """One panel per (model, shown backend): ``draw(ax, rows, model, backend)``, or a panel saying why it is
-    empty."""
+    empty; with ``simulated``, one more panel per model at the right: ``simulated(ax, model)``."""
     backends = shown_backends(backends, unavailable)
-    fig, axes = grid(list(models), backends, width=width)
+    fig, axes = grid(list(models), backends + ["simulated"] * bool(simulated), width=width)
     for r, model in enumerate(models):
+        if simulated:
+            simulated(axes[r][-1], model)
         for c, backend in enumerate(backends):
             ax = axes[r][c]
             sel = ok[(ok["model"] == model) & (ok["backend"] == backend)]

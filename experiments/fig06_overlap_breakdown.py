@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from experiments import common, verdicts
+from experiments import common, paper_scale, verdicts
 from harness import TrainConfig
 
 FIGURE = "fig6"
@@ -33,9 +33,11 @@ class Config(common.ModelSweep):
 
     world_size: int = 2
     bucket_cap_mb: float = 25
+    cluster: str = paper_scale.DEFAULT_CLUSTER  # the simulated panel at the paper's scale ('' = none)
 
 
 def points(cfg: Config) -> list[TrainConfig]:
+    paper_scale.check(cfg.cluster)
     return [p for overlap in (True, False)
             for p in cfg.train_points(cfg.world_size, impl="ours", overlap=overlap, bucket_cap_mb=cfg.bucket_cap_mb)]
 
@@ -76,8 +78,12 @@ def plot(df, cfg: Config):
     gains = speedups(df, cfg)
     unavailable = common.missing_backends(_selected(df, cfg), cfg.backends, cfg.world_size)
     backends = common.shown_backends(cfg.backends, unavailable)
-    fig, axes = common.grid([""], backends, width=1.6 + 2.2 * len(cfg.models), height=4.2)
+    fig, axes = common.grid([""], backends + ["simulated"] * bool(cfg.cluster), width=1.6 + 2.2 * len(cfg.models),
+                            height=4.2)
     colors = ("#4C72B0", "#55A868", "#C44E52", "#8172B2", "0.7")
+    if cfg.cluster:
+        paper_scale.draw_overlap(axes[0][-1], cfg.cluster, cfg.models, paper_scale.GPUS["fig6"], cfg.bucket_cap_mb,
+                                 colors)
     for c, backend in enumerate(backends):
         ax = axes[0][c]
         bars = [(m, ov) for m in cfg.models for ov in (False, True) if (m, backend, ov) in med.index]
@@ -106,7 +112,8 @@ def plot(df, cfg: Config):
         ax.legend(fontsize=6, loc="upper left")
     return common.finish(fig, f"Figure 6: latency breakdown, overlapping vs non-overlapping, {cfg.world_size} "
                               f"ranks, {cfg.bucket_cap_mb:g} MB buckets", f"{PAPER['setup']}; {PAPER['claim']}",
-                         common.ok_rows(df, net=cfg.net), unavailable=unavailable)
+                         common.ok_rows(df, net=cfg.net), paper_scale.caption(cfg.cluster) if cfg.cluster else "",
+                         unavailable=unavailable)
 
 
 def summarize(df, cfg: Config) -> str:

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from experiments import common, verdicts
+from experiments import common, paper_scale, verdicts
 from harness import TrainConfig
 
 FIGURE = "fig7"
@@ -34,9 +34,11 @@ class Config(common.ModelSweep):
     impl: str = "ours"
     iters: int = 4  # per repetition: 3 repetitions x 4 keep `make fig7` under 10 minutes on 2 cores (README)
     warmup: int = 1  # the first iteration rebuilds the buckets; the second already runs the final layout
+    cluster: str = paper_scale.DEFAULT_CLUSTER  # the simulated panel at the paper's scale ('' = none)
 
 
 def points(cfg: Config) -> list[TrainConfig]:
+    paper_scale.check(cfg.cluster)
     return [p for cap in cfg.bucket_caps_mb
             for p in cfg.train_points(cfg.world_size, impl=cfg.impl, bucket_cap_mb=cap)]
 
@@ -64,9 +66,13 @@ def draw(df, cfg: Config, name: str, paper: dict):
         ax.set_title(f"{model} / {backend} (gradients: {grad_mib:.3g} MiB)", fontsize=10)
         ax.set_xlabel("bucket cap (MiB); 0 = one bucket per parameter")
 
-    fig = common.model_backend_panels(ok, cfg.models, cfg.backends, unavailable, draw)
+    gpus = paper_scale.GPUS[name]
+    simulated = cfg.cluster and (lambda ax, model: paper_scale.draw_caps(ax, cfg.cluster, model, gpus,
+                                                                         cfg.bucket_caps_mb))
+    fig = common.model_backend_panels(ok, cfg.models, cfg.backends, unavailable, draw, simulated=simulated)
+    note = common.BOXES_NOTE + (paper_scale.caption(cfg.cluster) if cfg.cluster else "")
     return common.finish(fig, f"Figure {name[3:]}: per-iteration latency vs bucket size, {cfg.world_size} ranks",
-                         f"{paper['setup']}; {paper['claim']}", ok, common.BOXES_NOTE, unavailable=unavailable)
+                         f"{paper['setup']}; {paper['claim']}", ok, note, unavailable=unavailable)
 
 
 def bucket_verdicts(df, cfg: Config) -> dict:

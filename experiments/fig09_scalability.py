@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from experiments import common, verdicts
+from experiments import common, paper_scale, verdicts
 from harness import TrainConfig
 
 FIGURE = "fig9"
@@ -32,9 +32,11 @@ class Config(common.ModelSweep):
     bucket_cap_mb: float = 25
     impl: str = "ours"
     threads_per_rank: int = 1  # fixed, so every world size does the same compute per rank (0 = cores // ranks)
+    cluster: str = paper_scale.DEFAULT_CLUSTER  # the simulated panel at the paper's scale ('' = none)
 
 
 def points(cfg: Config) -> list[TrainConfig]:
+    paper_scale.check(cfg.cluster)
     return [p for n in cfg.world_sizes for impl in dict.fromkeys((cfg.impl, "local"))
             for p in cfg.train_points(n, impl=impl, bucket_cap_mb=cfg.bucket_cap_mb,
                                       threads_per_rank=cfg.threads_per_rank)]
@@ -62,10 +64,12 @@ def plot(df, cfg: Config):
         ax.set_ylabel("per-iteration latency (ms)")
         ax.legend(fontsize=8)
 
-    fig = common.model_backend_panels(ok, cfg.models, cfg.backends, unavailable, draw)
+    simulated = cfg.cluster and (lambda ax, model: paper_scale.draw_scaling(ax, cfg.cluster, model,
+                                                                            cfg.bucket_cap_mb))
+    fig = common.model_backend_panels(ok, cfg.models, cfg.backends, unavailable, draw, simulated=simulated)
+    note = ". On one machine, ranks also share its CPU cores" + (paper_scale.caption(cfg.cluster) if cfg.cluster else "")
     return common.finish(fig, "Figure 9: latency vs number of ranks (weak scaling)",
-                         f"{PAPER['setup']}; {PAPER['claim']}", ok, ". On one machine, ranks also share its CPU cores",
-                         unavailable=unavailable)
+                         f"{PAPER['setup']}; {PAPER['claim']}", ok, note, unavailable=unavailable)
 
 
 def summarize(df, cfg: Config) -> str:

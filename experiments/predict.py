@@ -3,10 +3,13 @@
     python -m experiments predict --model=resnet50 --world_size=3 --bucket_cap_mb=10 --net=700mbit
     python -m experiments predict --model=bert-base --bucket_cap_mb=100 --json
     python -m experiments predict --calibration=results/calibration/....json --bucket_cap_mb=5
+    python -m experiments predict --cluster=paper-v100 --world_size=256 --backend=nccl --model=bert-base
 
 Any point option of the figure drivers (``TrainConfig``) is accepted. Without ``--calibration`` a short probe
 (:mod:`simulator.calibrate`, well under a minute) measures this machine now, on the point's own ranks and
 network, and is stored under ``results/calibration/`` for reuse; the prediction names the calibration it used.
+``--cluster=NAME`` predicts for a named GPU cluster instead (:mod:`simulator.clusters`: its numbers and their
+sources; paper-profile batches, ``--net`` and ``--profile`` do not apply, ``--backend=auto`` means NCCL).
 """
 from __future__ import annotations
 
@@ -60,11 +63,22 @@ def _main(argv: list[str] | None) -> int:
     add_dataclass_arguments(parser, TrainConfig)
     parser.set_defaults(model="resnet50")
     parser.add_argument("--calibration", default="", help="a stored calibration file (default: probe now)")
+    parser.add_argument("--cluster", default="", help="a named GPU cluster (simulator/clusters.py) instead of this "
+                        "machine, e.g. paper-v100")
     parser.add_argument("--json", action="store_true", help="print one JSON object (predicted_ms, breakdown)")
     ns = parser.parse_args(argv)
     with refusing():
-        cfg = validate(dataclass_from_namespace(TrainConfig, ns))
-        cal, path = calibration_for(cfg, ns.calibration)
+        cfg = dataclass_from_namespace(TrainConfig, ns)
+        if ns.cluster:
+            from simulator.clusters import cluster_calibration
+
+            if ns.calibration:
+                raise ValueError("--calibration and --cluster exclude each other: a calibration is this machine's")
+            cfg = validate(dataclasses.replace(cfg, backend="nccl" if cfg.backend == "auto" else cfg.backend))
+            cal, path = cluster_calibration(ns.cluster, cfg.model, cfg.backend, cfg.world_size), ns.cluster
+        else:
+            cfg = validate(cfg)
+            cal, path = calibration_for(cfg, ns.calibration)
     from simulator.predict import Scenario, predict
 
     scenario = Scenario(bucket_cap_mb=cfg.bucket_cap_mb, overlap=cfg.overlap,
@@ -76,6 +90,8 @@ def _main(argv: list[str] | None) -> int:
         return 0
     p = out["point"]
     link = f"{p['net_rate_mbit']:.0f} Mbit/s per rank" if p["net_rate_mbit"] else "loopback"
+    if ns.cluster:
+        link = f"{p['gpus_per_host']} {p['device']} per server, ring at {p['net_rate_mbit'] / 1e3:.0f} Gbit/s"
     print(f"{p['model']} on {p['world_size']} ranks ({p['backend']}, net={p['net']}: {link}), "
           f"cap {scenario.bucket_cap_mb:g} MiB, "
           f"overlap={scenario.overlap}, k={scenario.round_robin_groups}, sync every {scenario.sync_every}")
@@ -85,6 +101,8 @@ def _main(argv: list[str] | None) -> int:
     print(f"  {'buckets':22s} {out['num_buckets']:9d}")
     print(f"calibration: {path} ({cal.meta['created_at']}, alpha {cal.comm.alpha_ms:.3f} ms, "
           f"{cal.comm.busbw_gbit:.2f} Gbit/s, contention {cal.profile.contention:.2f})")
+    if ns.cluster:
+        print("simulated from stated assumptions, not measured; sources:\n  - " + "\n  - ".join(cal.meta["sources"]))
     return 0
 
 

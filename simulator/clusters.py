@@ -1,0 +1,178 @@
+"""Named GPU clusters, so the simulator can speak at the paper's scale (16-256 GPUs) where nothing is measured.
+
+A prediction for this machine comes from a probe (:mod:`simulator.calibrate`); a cluster has no probe, so its
+:class:`~simulator.calibrate.Calibration` is built from stated numbers instead:
+
+* compute: the model's floating-point operations at the paper's per-GPU batch, counted by torch's
+  ``FlopCounterMode`` over one forward and backward (each parameter's gradient is ready once the backward has
+  done the operations before its hook), divided by the device's *sustained* training rate; the optimizer step
+  and DDP's bucket copies as memory traffic at the device's memory bandwidth;
+* communication: a two-tier ring per backend (:class:`~simulator.comm.TwoTier`): GPUs of a host over their
+  interconnect, hosts over the network.
+
+Every number is an assumption with its source in ``sources``; none is measured here (this machine has no GPU),
+so a cluster prediction is as good as these numbers and the simulator's validation on this machine
+(BENCHMARKS.md), no better. ``python -m experiments predict --cluster=NAME`` uses them.
+"""
+from __future__ import annotations
+
+import functools
+from dataclasses import dataclass, field, replace
+
+import torch
+
+from harness.models import InputSpec, build_model, compute_loss, input_spec, make_inputs
+
+from .calibrate import VERSION, Calibration
+from .comm import AlphaBeta, TwoTier
+from .iteration import ComputeProfile
+
+
+@dataclass(frozen=True)
+class Device:
+    name: str
+    sustained_tflops: float  # fp32 training, end to end (not the datasheet's peak)
+    memory_gbyte_s: float
+
+
+@dataclass(frozen=True)
+class Cluster:
+    name: str
+    description: str
+    device: Device
+    gpus_per_host: int
+    links: dict[str, TwoTier]  # backend -> its ring over this cluster's two tiers
+    sources: tuple[str, ...] = field(default=())
+
+    def with_bandwidth(self, factor: float) -> "Cluster":
+        """Every link's bandwidth times ``factor``: how much a conclusion leans on the assumed rates."""
+        if not factor > 0:
+            raise ValueError(f"bandwidth factor must be > 0, got {factor}")
+
+        def scaled(ab: AlphaBeta) -> AlphaBeta:
+            return AlphaBeta(ab.alpha_ms, ab.beta_ms_per_byte / factor)
+
+        links = {b: TwoTier(t.gpus_per_host, scaled(t.intra), scaled(t.inter)) for b, t in self.links.items()}
+        return replace(self, name=f"{self.name} x{factor:g} bandwidth", links=links)
+
+    def comm(self, backend: str) -> TwoTier:
+        if backend not in self.links:
+            raise ValueError(f"cluster {self.name!r} has no numbers for backend {backend!r}; "
+                             f"it has {sorted(self.links)}")
+        return self.links[backend]
+
+
+V100 = Device("V100-SXM2 16 GB, fp32", sustained_tflops=9.1, memory_gbyte_s=900.0)
+
+
+def _gbit(alpha_ms: float, gbit_per_s: float) -> AlphaBeta:
+    return AlphaBeta.from_bandwidth(alpha_ms, gbit_per_s)
+
+
+def _v100_cluster(name: str, description: str, network_gbit: float, network_source: str) -> Cluster:
+    """8 x V100 per server over NVLink; what differs between the two named V100 clusters is the network."""
+    return Cluster(
+        name=name, description=description, device=V100, gpus_per_host=8,
+        links={
+            # NCCL: NVLink ring inside a server, the server's NIC between servers
+            "nccl": TwoTier(8, intra=_gbit(0.006, 960.0), inter=_gbit(0.015, 0.9 * network_gbit)),
+            # Gloo: GPU tensors staged through host memory and sent over TCP, also inside a server
+            "gloo": TwoTier(8, intra=_gbit(0.05, 40.0), inter=_gbit(0.08, min(20.0, 0.5 * network_gbit))),
+        },
+        sources=(
+            "V100 sustained fp32 training rate 9.1 TFLOP/s: torchvision ResNet50, batch 128, fp32, V100-SXM2, "
+            "342 ms per iteration (github.com/sandeepkumar-skb/pytorch_experiments, torchvision_exp/README.md) "
+            "= 374 images/s x 24.3 GFLOP per image (FlopCounterMode, forward + backward) = 58% of the 15.7 "
+            "TFLOP/s peak; assumed the same for BERT",
+            "V100 memory bandwidth 900 GB/s (NVIDIA V100 datasheet); optimizer and bucket copies are memory-bound",
+            "NCCL over NVLink (DGX-1/p3 class, 8 GPUs): all-reduce bus bandwidth ~120 GB/s (960 Gbit/s) as "
+            "nccl-tests report for such servers; ring step latency 6 us inside a server, 15 us across (order of "
+            "NCCL's own latency model); both assumptions",
+            network_source,
+            "Gloo with GPU tensors: 40 Gbit/s inside a server (TCP loopback with host staging), at most 20 Gbit/s "
+            "or half the NIC across servers, 50/80 us per ring step: assumptions, the paper's Figure 2 shows Gloo "
+            "several times slower than NCCL without giving numbers",
+            "per-GPU batch: the suite's paper profile (ResNet50 32 x 224x224 images, BERT 8 x 128 tokens); the "
+            "paper does not state its batch sizes",
+        ))
+
+
+CLUSTERS: dict[str, Cluster] = {c.name: c for c in (
+    _v100_cluster("paper-v100", "the paper's: servers of 8 V100 over NVLink, 100 Gbit/s between servers", 100.0,
+                  "servers joined by 100 Gbit/s (the paper's setup as summarised in paper-notes.md, [likely]); NCCL "
+                  "reaches 90% of it"),
+    _v100_cluster("cloud-v100-25g", "a common cloud shape (AWS p3.16xlarge): 8 V100 over NVLink, 25 Gbit/s "
+                  "between servers", 25.0,
+                  "servers joined by 25 Gbit/s Ethernet (AWS p3.16xlarge instance specification); NCCL reaches 90% "
+                  "of it"),
+)}
+
+
+def cluster(name: "str | Cluster") -> Cluster:
+    if isinstance(name, Cluster):
+        return name
+    if name not in CLUSTERS:
+        raise ValueError(f"unknown cluster {name!r}; choose one of {sorted(CLUSTERS)}")
+    return CLUSTERS[name]
+
+
+@dataclass(frozen=True)
+class FlopProfile:
+    """One GPU's operations for one iteration of ``model`` at the paper's per-GPU batch."""
+
+    param_bytes: tuple[int, ...]  # in model.parameters() order, as DDP registers them
+    ready_flops: tuple[float, ...]  # backward operations done when each gradient is ready
+    forward_flops: float
+    backward_flops: float
+    buffer_bytes: int
+
+
+@functools.lru_cache(maxsize=None)
+def flop_profile(model: str) -> FlopProfile:
+    """Counted on one sample on this CPU and scaled to the batch (every counted operation is linear in it)."""
+    from torch.utils.flop_counter import FlopCounterMode
+
+    spec = input_spec(model, "paper")
+    torch.manual_seed(0)
+    net = build_model(model)
+    inputs = make_inputs(model, InputSpec(1, spec.image_size, spec.seq_len), torch.device("cpu"))
+    counter = FlopCounterMode(display=False)
+
+    def done() -> float:
+        return float(sum(counter.get_flop_counts()["Global"].values()))
+
+    ready: dict[int, float] = {}
+    params = [p for p in net.parameters() if p.requires_grad]
+    hooks = [p.register_post_accumulate_grad_hook(lambda _, i=i: ready.__setitem__(i, done()))
+             for i, p in enumerate(params)]
+    with counter:
+        loss = compute_loss(model, net, inputs)
+        forward = done()
+        loss.backward()
+        total = done()
+    for h in hooks:
+        h.remove()
+    b = spec.batch_size
+    return FlopProfile(param_bytes=tuple(p.numel() * p.element_size() for p in params),
+                       ready_flops=tuple((ready.get(i, total) - forward) * b for i in range(len(params))),
+                       forward_flops=forward * b, backward_flops=(total - forward) * b,
+                       buffer_bytes=sum(t.numel() * t.element_size() for t in net.buffers()))
+
+
+def cluster_calibration(name: "str | Cluster", model: str, backend: str, world_size: int) -> Calibration:
+    """What :func:`simulator.predict.predict` needs for ``model`` on ``world_size`` GPUs of a cluster (or its
+    name)."""
+    c = cluster(name)
+    comm = c.comm(backend).tier(world_size)
+    fp = flop_profile(model)
+    flops_per_ms = c.device.sustained_tflops * 1e9
+    bytes_per_ms = c.device.memory_gbyte_s * 1e6
+    grad_bytes = sum(fp.param_bytes)
+    profile = ComputeProfile(param_bytes=fp.param_bytes, ready_ms=tuple(r / flops_per_ms for r in fp.ready_flops),
+                             backward_ms=fp.backward_flops / flops_per_ms, forward_ms=fp.forward_flops / flops_per_ms,
+                             optimizer_ms=3 * grad_bytes / bytes_per_ms)  # SGD: read weight and grad, write weight
+    point = dict(model=model, profile="paper", world_size=world_size, backend=backend, net=c.name,
+                 net_rate_mbit=comm.busbw_gbit * 1e3, gpus_per_host=c.gpus_per_host, device=c.device.name)
+    return Calibration(profile=profile, comm=comm, copy_ms_per_byte=2 / bytes_per_ms, buffer_bytes=fp.buffer_bytes,
+                       point=point, fit={}, meta=dict(version=VERSION, created_at="named cluster", cluster=c.name,
+                                                      description=c.description, sources=list(c.sources)))
