@@ -44,6 +44,7 @@ class Timed:
     iters: int = 10  # measured iterations per point, repetition and rank
     warmup: int = 2
     net: str = DEFAULT_NET  # emulated link per rank on CPU-only machines (harness/README.md); loopback = none
+    hosts: int = 1  # emulated hosts (the paper's servers): ranks split evenly, net = each host's link
     repeats: int = 3  # each point measured this many times, in passes over the whole sweep (harness.sweep)
     order_seed: int = 0  # seeds the shuffled order of each pass
 
@@ -58,8 +59,9 @@ class ModelSweep(Timed):
         """One point per model and backend this machine can run at ``world_size``, the shared settings plus
         ``fields``."""
         backends, _ = split_backends(self.backends, world_size)
+        hosts = 1 if fields.get("impl") == "local" else self.hosts  # no communication, nothing between hosts
         return [TrainConfig(model=m, backend=b, world_size=world_size, profile=self.profile, iters=self.iters,
-                            warmup=self.warmup, net=self.net, repeat=r, **fields)
+                            warmup=self.warmup, net=self.net, hosts=hosts, repeat=r, **fields)
                 for r in range(self.repeats) for m in self.models for b in backends]
 
 
@@ -97,27 +99,30 @@ def missing_backends(rows: pd.DataFrame, backends, world_size: int) -> dict[str,
     return {b: why for b, why in unavailable.items() if b not in stored}
 
 
-def ok_rows(df: pd.DataFrame, synced_only: bool = True, net: str | None = None) -> pd.DataFrame:
+def ok_rows(df: pd.DataFrame, synced_only: bool = True, net: str | None = None, hosts: int = 1) -> pd.DataFrame:
     """Measured rows of successful points (failed points are stored as a single row with ``error``);
-    with ``net``, only those measured over that network (see :func:`for_net`)."""
+    with ``net``, only those measured over that network and number of emulated hosts (see :func:`for_net`)."""
     if df.empty:
         return df
     ok = df[df["error"].fillna("") == ""]
     if synced_only and "synced" in ok.columns:
         ok = ok[ok["synced"].fillna(True).astype(bool)]
-    return ok if net is None else for_net(ok, net)
+    return ok if net is None else for_net(ok, net, hosts)
 
 
-def for_net(df: pd.DataFrame, net: str) -> pd.DataFrame:
-    """Rows measured over the network a driver's ``net`` asks for, so runs with different ``--net`` stored side
-    by side are never mixed. ``auto`` also keeps the points where it meant loopback where they ran (NCCL or
-    GPUs, torchrun, one rank, no communication): stored with ``net = loopback`` and ``net_auto_loopback``.
-    Reads stored columns only, never the plotting machine."""
+def for_net(df: pd.DataFrame, net: str, hosts: int = 1) -> pd.DataFrame:
+    """Rows measured over the network a driver's ``net`` and ``hosts`` ask for, so runs with different
+    ``--net``/``--hosts`` stored side by side are never mixed. ``auto`` also keeps the points where it meant
+    loopback where they ran (NCCL or GPUs, torchrun, one rank, no communication): stored with ``net = loopback``
+    and ``net_auto_loopback``. Points without communication (``impl=local``) run on one host whatever ``hosts``
+    says. Reads stored columns only, never the plotting machine."""
     if df.empty or "net" not in df.columns:
         return df
     keep = df["net"] == net
     if net == "auto":
         keep |= (df["net"] == "loopback") & auto_meant_loopback(df)
+    stored_hosts = df.get("hosts", pd.Series(1, index=df.index)).fillna(1)  # rows from before hosts existed: 1
+    keep &= (stored_hosts == hosts) | (df.get("impl", pd.Series("", index=df.index)) == "local")
     return df[keep]
 
 
@@ -209,7 +214,9 @@ def describe_setup(df: pd.DataFrame) -> str:
     parts = []
     for col, label in (("device_name", "device"), ("world_size", "ranks"), ("profile", "profile"),
                        ("net", "network"), ("net_rate_mbit", "emulated Mbit/s per rank"),
-                       ("num_threads", "threads/rank"), ("hostname", "host")):
+                       ("num_threads", "threads/rank"), ("hosts", "emulated hosts"), ("hostname", "host")):
+        if col == "hosts" and set(ok.get(col, pd.Series(dtype=float)).dropna()) <= {1}:
+            continue  # one host: nothing to say
         if col in ok.columns and ok[col].notna().any():
             values = sorted({f"{v:.0f}" if isinstance(v, float) and v >= 10 else str(v)
                              for v in ok[col].dropna().unique()})

@@ -44,7 +44,7 @@ def points(cfg: Config) -> list:
         backends, _ = common.split_backends(cfg.backends, n)
         out += [AllreduceConfig(backend=b, world_size=n, profile=cfg.profile, total_params=cfg.total_params,
                                 params_per_call=min(k, cfg.total_params), iters=cfg.iters, warmup=cfg.warmup,
-                                net=cfg.net, repeat=r)
+                                net=cfg.net, hosts=cfg.hosts, repeat=r)
                 for r in range(cfg.repeats) for b in backends for k in cfg.params_per_call]
     # backward compute of the model alone: one rank, no DDP; on the GPU when there is one
     out += [TrainConfig(model=cfg.compute_model, impl="local", world_size=1, profile=cfg.profile,
@@ -55,7 +55,7 @@ def points(cfg: Config) -> list:
 def _split(df, cfg: Config):
     ok = common.ok_rows(df, synced_only=False)
     comm = common.for_net(ok[(ok["point_type"] == "AllreduceConfig") & (ok["total_params"] == cfg.total_params)],
-                          cfg.net)
+                          cfg.net, cfg.hosts)
     compute = ok[(ok["point_type"] == "TrainConfig") & (ok["model"] == cfg.compute_model)]
     return comm, compute
 

@@ -43,7 +43,7 @@ def points(cfg: Config) -> list[TrainConfig]:
 
 
 def _selected(df, cfg: Config):
-    ok = common.ok_rows(df, net=cfg.net)
+    ok = common.ok_rows(df, net=cfg.net, hosts=cfg.hosts)
     return ok[(ok["world_size"] == cfg.world_size) & (ok["bucket_cap_mb"] == cfg.bucket_cap_mb)]
 
 
@@ -112,7 +112,7 @@ def plot(df, cfg: Config):
         ax.legend(fontsize=6, loc="upper left")
     return common.finish(fig, f"Figure 6: latency breakdown, overlapping vs non-overlapping, {cfg.world_size} "
                               f"ranks, {cfg.bucket_cap_mb:g} MB buckets", f"{PAPER['setup']}; {PAPER['claim']}",
-                         common.ok_rows(df, net=cfg.net), paper_scale.caption(cfg.cluster) if cfg.cluster else "",
+                         common.ok_rows(df, net=cfg.net, hosts=cfg.hosts), paper_scale.caption(cfg.cluster),
                          unavailable=unavailable)
 
 

@@ -45,7 +45,7 @@ def points(cfg: Config) -> list[TrainConfig]:
 
 def repeat_medians(df, cfg: Config):
     """Per (model, backend, bucket cap, repetition): the repetition's median latency."""
-    ok = common.ok_rows(df, net=cfg.net)
+    ok = common.ok_rows(df, net=cfg.net, hosts=cfg.hosts)
     ok = ok[ok["model"].isin(cfg.models) & (ok["world_size"] == cfg.world_size)]
     return verdicts.repeat_medians(ok, ["model", "backend", "bucket_cap_mb"])
 
@@ -56,7 +56,7 @@ def plot(df, cfg: Config):
 
 def draw(df, cfg: Config, name: str, paper: dict):
     """Shared with Figure 8, which is this figure at a larger world size."""
-    ok = common.ok_rows(df, net=cfg.net)
+    ok = common.ok_rows(df, net=cfg.net, hosts=cfg.hosts)
     ok = ok[ok["world_size"] == cfg.world_size]
     unavailable = common.missing_backends(ok, cfg.backends, cfg.world_size)
 
@@ -70,7 +70,7 @@ def draw(df, cfg: Config, name: str, paper: dict):
     simulated = cfg.cluster and (lambda ax, model: paper_scale.draw_caps(ax, cfg.cluster, model, gpus,
                                                                          cfg.bucket_caps_mb))
     fig = common.model_backend_panels(ok, cfg.models, cfg.backends, unavailable, draw, simulated=simulated)
-    note = common.BOXES_NOTE + (paper_scale.caption(cfg.cluster) if cfg.cluster else "")
+    note = common.BOXES_NOTE + paper_scale.caption(cfg.cluster)
     return common.finish(fig, f"Figure {name[3:]}: per-iteration latency vs bucket size, {cfg.world_size} ranks",
                          f"{paper['setup']}; {paper['claim']}", ok, note, unavailable=unavailable)
 

@@ -43,7 +43,7 @@ def points(cfg: Config) -> list[TrainConfig]:
 
 
 def _selected(df, cfg: Config):
-    ok = common.ok_rows(df, net=cfg.net)
+    ok = common.ok_rows(df, net=cfg.net, hosts=cfg.hosts)
     return ok[ok["model"].isin(cfg.models) & (ok["bucket_cap_mb"] == cfg.bucket_cap_mb)]
 
 
@@ -67,7 +67,7 @@ def plot(df, cfg: Config):
     simulated = cfg.cluster and (lambda ax, model: paper_scale.draw_scaling(ax, cfg.cluster, model,
                                                                             cfg.bucket_cap_mb))
     fig = common.model_backend_panels(ok, cfg.models, cfg.backends, unavailable, draw, simulated=simulated)
-    note = ". On one machine, ranks also share its CPU cores" + (paper_scale.caption(cfg.cluster) if cfg.cluster else "")
+    note = ". On one machine, ranks also share its CPU cores" + paper_scale.caption(cfg.cluster)
     return common.finish(fig, "Figure 9: latency vs number of ranks (weak scaling)",
                          f"{PAPER['setup']}; {PAPER['claim']}", ok, note, unavailable=unavailable)
 

@@ -41,7 +41,7 @@ def points(cfg: Config) -> list[TrainConfig]:
 
 
 def _selected(df, cfg: Config):
-    ok = common.ok_rows(df, synced_only=False, net=cfg.net)  # amortized: no_sync iterations count too
+    ok = common.ok_rows(df, synced_only=False, net=cfg.net, hosts=cfg.hosts)  # amortized: no_sync iterations count too
     return ok[ok["model"].isin(cfg.models) & ok["sync_every"].isin(cfg.sync_every)
               & (ok["bucket_cap_mb"] == cfg.bucket_cap_mb)]
 

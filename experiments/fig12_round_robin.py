@@ -37,7 +37,7 @@ def points(cfg: Config) -> list[TrainConfig]:
 
 
 def _selected(df, cfg: Config):
-    ok = common.ok_rows(df, net=cfg.net)
+    ok = common.ok_rows(df, net=cfg.net, hosts=cfg.hosts)
     return ok[ok["model"].isin(cfg.models) & (ok["world_size"] == cfg.world_size)
               & (ok["bucket_cap_mb"] == cfg.bucket_cap_mb)]
 

@@ -76,7 +76,8 @@ def draw_scaling(ax, cluster: str, model: str, bucket_cap_mb: float) -> None:
 
 
 def overlap_speedup(cluster, model: str, backend: str, gpus: int, bucket_cap_mb: float) -> float:
-    on, off = (predict(cluster, model, backend, gpus, bucket_cap_mb, overlap)["predicted_ms"] for overlap in (True, False))
+    on, off = (predict(cluster, model, backend, gpus, bucket_cap_mb, overlap)["predicted_ms"]
+               for overlap in (True, False))
     return common.speedup_pct(off, on)
 
 
@@ -103,8 +104,11 @@ def draw_overlap(ax, cluster: str, models, gpus: int, bucket_cap_mb: float, colo
 
 
 def caption(cluster) -> str:
+    """The figure's caption sentence for its simulated panel ('' without a cluster)."""
     from simulator.clusters import cluster as named
 
+    if not cluster:
+        return ""
     c = named(cluster)
     return (f". Shaded panels are simulated, not measured: {c.name} ({c.description}; {c.device.name} at "
             f"{c.device.sustained_tflops:g} TFLOP/s sustained), paper-profile batches; numbers and sources in "

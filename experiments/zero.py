@@ -70,7 +70,7 @@ def points(cfg: Config) -> list[TrainConfig]:
 
 
 def _selected(df, cfg: Config) -> pd.DataFrame:
-    ok = common.ok_rows(df, net=cfg.net)
+    ok = common.ok_rows(df, net=cfg.net, hosts=cfg.hosts)
     if ok.empty:
         return ok
     ok = ok[ok["model"].isin(cfg.models) & ok["impl"].isin(("local", *cfg.systems))

@@ -33,7 +33,7 @@ from harness.systems import DDP_IMPLS, IMPLS, OPTIMIZERS
 MODELS = ("small", "resnet50", "resnet101", "bert-base", "bert-large")
 PROFILES = ("paper", "cpu")
 COMM_HOOKS = ("", *ALIASES)  # ddp_impl's short names of torch's own hooks; "" = the default allreduce
-FAULT_KINDS = ("raise", "exit", "hang")
+FAULT_KINDS = ("raise", "exit", "hang", "kill", "linkdown")  # harness.launch.inject_fault
 DEFAULT_NET = "auto"  # emulate a link where nothing real is there (spawned CPU ranks); see harness.netem
 
 
@@ -73,6 +73,7 @@ class TrainConfig:
     replicas: int = _field(1, "positive", added=True)  # impl=threads: model replicas in the one process
     threads_per_rank: int = _field(0, "non_negative")  # 0 = max(1, cores // ranks on this node)
     net: str = DEFAULT_NET  # loopback | RATE per rank, e.g. 1gbit (emulated link) | auto; see harness.netem
+    hosts: int = _field(1, "positive", added=True)  # emulated hosts: ranks split evenly, net = each host's link
     timeout_s: float = _field(300.0, "positive", identity=False)  # process group timeout
     fault: str = ""  # fault injection for tests: "<raise|exit|hang>@<rank>"
 
@@ -91,6 +92,7 @@ class AllreduceConfig:
     repeat: int = _field(0, "non_negative", added=True)
     threads_per_rank: int = _field(0, "non_negative")
     net: str = DEFAULT_NET  # loopback | RATE | auto (ResNet50's auto rate); see harness.netem
+    hosts: int = _field(1, "positive", added=True)  # emulated hosts, as TrainConfig's
     timeout_s: float = _field(300.0, "positive", identity=False)
     fault: str = ""
 
@@ -165,6 +167,22 @@ def _check_fields(cfg: PointConfig) -> None:
             raise ValueError(f"{f.name} must be a finite number >= 0, got {value}")
 
 
+def _check_hosts(cfg: PointConfig) -> None:
+    """``hosts > 1`` splits the ranks over emulated hosts behind per-host links: it needs an emulated network."""
+    hosts = getattr(cfg, "hosts", 1)
+    if cfg.fault.startswith("linkdown") and hosts == 1:
+        raise ValueError(f"fault {cfg.fault!r} takes an emulated host's link down: it needs hosts > 1")
+    if hosts == 1:
+        return
+    if cfg.world_size % hosts:
+        raise ValueError(f"hosts={hosts} must divide world_size={cfg.world_size} (ranks are split evenly)")
+    if cfg.net == "loopback":
+        raise ValueError(f"hosts={hosts} emulates hosts behind their own links, which needs an emulated network: "
+                         f"net=RATE (each host's link, e.g. 1gbit) or auto, but net is loopback here (auto is "
+                         f"loopback with GPUs, under torchrun, for 1 rank or impl=local); on real hosts launch "
+                         f"with torchrun instead")
+
+
 def _check_fault(fault: str) -> None:
     kind, _, rank = fault.partition("@")
     if fault and (kind not in FAULT_KINDS or not rank.isdigit()):
@@ -205,6 +223,7 @@ def validate(cfg: PointConfig) -> PointConfig:
         if not 0 < cfg.test_fraction < 1:
             raise ValueError(f"test_fraction must be in (0, 1), got {cfg.test_fraction}")
     cfg = resolve(cfg)
+    _check_hosts(cfg)
     if isinstance(cfg, AllreduceConfig) and cfg.params_per_call > cfg.total_params:
         raise ValueError(f"params_per_call={cfg.params_per_call} exceeds total_params={cfg.total_params}")
     return cfg

@@ -26,8 +26,12 @@ import gc
 import multiprocessing
 import os
 import queue
+import shutil
+import signal
 import socket
+import subprocess
 import sys
+import threading
 import time
 import traceback
 from dataclasses import dataclass
@@ -84,12 +88,20 @@ def threads_per_rank(ranks_on_node: int, requested: int = 0) -> int:
     return requested if requested > 0 else max(1, available_cores() // max(1, ranks_on_node))
 
 
+FAULT_DELAY_S = 1.0  # kill / linkdown strike this long after the point starts: mid-run, not before it
+
+
 def inject_fault(fault: str, rank: int) -> None:
-    """Test hook: make ``rank`` raise, exit without reporting, or hang (``"<kind>@<rank>"``)."""
+    """Test hook (``"<kind>@<rank>"``): make ``rank`` raise, exit without reporting or hang now; or, from a timer
+    while it trains, SIGKILL itself (``kill``) or take its emulated host's link down (``linkdown``: ``ip link set
+    <its Gloo interface> down``, inside the emulated network's namespace)."""
     if not fault:
         return
     kind, _, target = fault.partition("@")
     if int(target) != rank:
+        return
+    if kind in ("kill", "linkdown"):
+        threading.Timer(FAULT_DELAY_S, _strike, (kind,)).start()
         return
     if kind == "raise":
         raise RuntimeError(f"injected fault on rank {rank}")
@@ -98,6 +110,14 @@ def inject_fault(fault: str, rank: int) -> None:
     if kind == "hang":
         while True:
             time.sleep(3600)
+
+
+def _strike(kind: str) -> None:
+    if kind == "kill":
+        os.kill(os.getpid(), signal.SIGKILL)
+    interface = os.environ.get("GLOO_SOCKET_IFNAME", "")
+    subprocess.run([shutil.which("ip") or "/usr/sbin/ip", "link", "set", interface, "down"], check=False,
+                   capture_output=True, timeout=30)
 
 
 def _make_context(rank, world_size, local_rank, local_world_size, backend, timeout_s, threads, group=None):
@@ -111,13 +131,32 @@ def _make_context(rank, world_size, local_rank, local_world_size, backend, timeo
     return RankContext(rank, world_size, local_rank, backend, device, num_threads, timeout_s, group)
 
 
-def _pool_worker(rank, world_size, backend, port, timeout_s, threads, tasks, results) -> None:
+def enter_netns(path: str) -> None:
+    """Move this thread (and the threads and processes it starts later) into the network namespace at ``path``."""
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        if hasattr(os, "setns"):  # Python >= 3.12
+            os.setns(fd, os.CLONE_NEWNET)
+        elif ctypes.CDLL(None, use_errno=True).setns(fd, 0x40000000) != 0:  # CLONE_NEWNET
+            err = ctypes.get_errno()
+            raise OSError(err, f"setns({path}): {os.strerror(err)}")
+    finally:
+        os.close(fd)
+
+
+def _pool_worker(rank, world_size, backend, store_addr, timeout_s, threads, tasks, results,
+                 place=("", "")) -> None:
     """One rank of a :class:`RankPool`: set up once, then run each task that arrives until told to stop."""
     try:
         os.environ.update(LOCAL_RANK=str(rank), LOCAL_WORLD_SIZE=str(world_size))
+        netns, interface = place
+        if netns:  # an emulated host (harness.netem): its own network namespace, before any socket opens
+            enter_netns(netns)
+        if interface:
+            os.environ["GLOO_SOCKET_IFNAME"] = interface
         ctx = _make_context(rank, world_size, rank, world_size, backend, timeout_s, threads)
         timeout = datetime.timedelta(seconds=timeout_s)
-        store = dist.TCPStore("127.0.0.1", port, world_size, is_master=False, timeout=timeout)
+        store = dist.TCPStore(store_addr[0], store_addr[1], world_size, is_master=False, timeout=timeout)
         dist.init_process_group(backend, store=store, rank=rank, world_size=world_size, timeout=timeout)
         while (task := tasks.get()) is not None:
             task_id, fn, args = task
@@ -161,10 +200,15 @@ class RankPool:
     Each :meth:`run` sends ``fn`` and its arguments to every rank and waits as :func:`launch` does. Any failure
     (a rank raises, dies, hangs past the deadline) ends the pool, since peers may be stuck in a collective;
     the next :meth:`run` starts fresh ranks. Use as a context manager, or :meth:`close` it.
+
+    Emulated hosts (:mod:`harness.netem`): ``places`` gives each rank a network namespace to enter and the
+    interface Gloo binds to there; the ranks then reach the rendezvous store at ``store_host``.
     """
 
-    def __init__(self, world_size: int, backend: str = "gloo", *, timeout_s: float = 300.0, threads: int = 0):
+    def __init__(self, world_size: int, backend: str = "gloo", *, timeout_s: float = 300.0, threads: int = 0,
+                 places: Sequence[tuple[str, str]] = (), store_host: str = "127.0.0.1"):
         self.world_size, self.backend, self.timeout_s, self.threads = world_size, backend, timeout_s, threads
+        self.places, self.store_host = list(places) or [("", "")] * world_size, store_host
         self._procs: list = []
         self._tasks = 0
 
@@ -181,8 +225,9 @@ class RankPool:
         self._store = dist.TCPStore("127.0.0.1", 0, self.world_size + 1, is_master=True, timeout=timeout,
                                     wait_for_workers=False)
         self._procs = [mp.Process(target=_pool_worker, daemon=True, name=f"rank{r}",
-                                  args=(r, self.world_size, self.backend, self._store.port, self.timeout_s,
-                                        self.threads, self._queues[r], self._results))
+                                  args=(r, self.world_size, self.backend, (self.store_host, self._store.port),
+                                        self.timeout_s, self.threads, self._queues[r], self._results,
+                                        self.places[r]))
                        for r in range(self.world_size)]
         for p in self._procs:
             p.start()

@@ -25,6 +25,16 @@ max(256 KiB, 1 ms at lo's rate): more than lo's 64 KiB packets, small next to a 
 ``limit`` (queue) = max(64 MiB, 50 ms at lo's rate): TCP's in-flight data never overflows it, because a
 packet dropped on lo costs a 200 ms retransmission timeout. Drops, if any, are reported on stderr.
 
+Hosts (``hosts=H``, the paper's servers joined by a slower network): the ranks are split evenly over H hosts
+(contiguous ranks, as torchrun places them). Each host is a network namespace of its own inside the helper's,
+whose one interface ``eth0`` (10.77.h.1) is a veth joined to a bridge in the helper's namespace (the switch),
+shaped on egress by the same ``tbf`` at ``net``'s rate: the host's NIC (a ring sends and receives the same
+amount, so each host's link carries one ring edge each way and busbw = R again). Ranks enter their host's
+namespace before opening a socket and bind Gloo to its ``eth0``, so traffic between ranks of one host stays on
+that host's own loopback, unshaped, like a server's interconnect. (One namespace with an address per host does
+not work: the kernel gives a connection to a local address that address as its source too, so the traffic of
+two hosts cannot be told apart.)
+
 Not available under torchrun (RANK set): those ranks already run on the real network, so ``auto`` resolves
 to ``loopback`` there and a RATE is refused (see ``harness.config.resolve`` and ``harness.preflight``).
 """
@@ -41,6 +51,7 @@ import shutil
 import signal
 import subprocess
 import sys
+import time
 import traceback
 from pathlib import Path
 
@@ -58,6 +69,7 @@ def _find(name: str) -> str:
 UNSHARE = _find("unshare")  # util-linux
 IP = _find("ip")  # iproute2
 TC = _find("tc")  # iproute2
+NSENTER = _find("nsenter")  # util-linux
 
 BURST_MIN_BYTES = 256 * 1024
 BURST_S = 1e-3
@@ -174,9 +186,10 @@ class NamespacePool:
     killed with every rank it spawned; the next :meth:`run` starts a new namespace.
     """
 
-    def __init__(self, world_size: int, backend: str, *, rate_mbit: float, timeout_s: float, threads: int):
+    def __init__(self, world_size: int, backend: str, *, rate_mbit: float, timeout_s: float, threads: int,
+                 hosts: int = 1):
         self.setup = dict(world_size=world_size, backend=backend, timeout_s=timeout_s, threads=threads,
-                          rate_mbit=rate_mbit)
+                          rate_mbit=rate_mbit, hosts=hosts)
         self._proc: subprocess.Popen | None = None
 
     def __enter__(self) -> "NamespacePool":
@@ -233,6 +246,7 @@ class NamespacePool:
             self._start()
         answer = self._ask(request, None if deadline_s is None else deadline_s + 60)
         if answer["status"] != "ok":
+            self.close()  # a fault may have changed the namespace (a host's link down): the next run starts afresh
             raise LaunchError(answer["message"])
         if answer["dropped"]:
             print(f"[netem] lo dropped {answer['dropped']} packet(s) at {self.setup['rate_mbit']:g} Mbit/s per "
@@ -271,9 +285,56 @@ def _shape_loopback(lo_rate_mbit: float) -> None:
                                    f"{done.returncode}): {done.stderr.strip() or 'no message'}")
 
 
-def _dropped() -> int:
-    out = _run([TC, "-s", "qdisc", "show", "dev", "lo"]).stdout
-    return sum(int(n) for n in re.findall(r"dropped (\d+)", out))
+HOST_INTERFACE = "eth0"  # an emulated host's one interface, as on a real server
+SWITCH_ADDR = "10.77.255.1"  # the switch (the helper's own namespace): the rendezvous store is reached here
+
+
+def _in_netns(netns: str, cmd: list[str]) -> list[str]:
+    return [NSENTER, f"--net={netns}", *cmd] if netns else cmd
+
+
+def _emulate_hosts(rate_mbit: float, hosts: int, holders: list) -> list[str]:
+    """The paper's servers behind a switch: each host a network namespace of its own (held by a ``sleep``
+    appended to ``holders``), its ``eth0`` (10.77.h.1) a veth whose peer joins the bridge ``br0`` here, shaped
+    on egress with the same ``tbf`` as the one-host case at ``rate_mbit``: the host's NIC. Returns each host's
+    namespace path."""
+    paths: list[str] = []
+
+    def run(cmd: list[str]) -> None:
+        done = _run(cmd)
+        if done.returncode != 0:
+            raise NetemUnavailable(f"`{' '.join(cmd)}` failed inside the network namespace (exit code "
+                                   f"{done.returncode}): {done.stderr.strip() or 'no message'}")
+
+    for cmd in ([IP, "link", "set", "lo", "up"], [IP, "link", "add", "br0", "type", "bridge"],
+                [IP, "addr", "add", f"{SWITCH_ADDR}/16", "dev", "br0"], [IP, "link", "set", "br0", "up"]):
+        run(cmd)
+    own = os.readlink("/proc/self/ns/net")
+    for h in range(hosts):
+        holder = subprocess.Popen([UNSHARE, "-n", "sleep", "infinity"])
+        holders.append(holder)
+        netns = f"/proc/{holder.pid}/ns/net"
+        deadline = time.monotonic() + 10
+        while os.readlink(netns) == own:  # until unshare has made the new namespace
+            if time.monotonic() > deadline or holder.poll() is not None:
+                raise NetemUnavailable(f"`{UNSHARE} -n sleep infinity` made no network namespace for host {h}")
+            time.sleep(0.01)
+        paths.append(netns)
+        for cmd in ([IP, "link", "add", f"vh{h}", "type", "veth", "peer", "name", HOST_INTERFACE],
+                    [IP, "link", "set", HOST_INTERFACE, "netns", str(holder.pid)],
+                    [IP, "link", "set", f"vh{h}", "master", "br0"], [IP, "link", "set", f"vh{h}", "up"],
+                    *(_in_netns(netns, c) for c in (
+                        [IP, "link", "set", "lo", "up"], [IP, "link", "set", HOST_INTERFACE, "up"],
+                        [IP, "addr", "add", f"10.77.{h}.1/16", "dev", HOST_INTERFACE],
+                        [TC, "qdisc", "add", "dev", HOST_INTERFACE, "root", *_tbf_args(rate_mbit).split()]))):
+            run(cmd)
+    return paths
+
+
+def _dropped(hosts_netns: list[str]) -> int:
+    shows = [_in_netns(n, [TC, "-s", "qdisc", "show", "dev", HOST_INTERFACE]) for n in hosts_netns] or \
+        [[TC, "-s", "qdisc", "show", "dev", "lo"]]
+    return sum(int(n) for cmd in shows for n in re.findall(r"dropped (\d+)", _run(cmd).stdout))
 
 
 def _helper(answer_fd: str) -> int:
@@ -286,18 +347,36 @@ def _helper(answer_fd: str) -> int:
     setup = json.loads(sys.stdin.readline())
     sys.path[:0] = [p for p in setup["sys_path"] if p not in sys.path]
     os.chdir(setup["cwd"])
+    holders: list[subprocess.Popen] = []  # the emulated hosts' namespaces live as long as these
     try:
-        _shape_loopback(setup["rate_mbit"] * setup["world_size"])
-    except (NetemUnavailable, OSError, subprocess.SubprocessError) as exc:
-        answer(status="setup_error", message=str(exc))
-        return 2
+        try:
+            if setup["hosts"] == 1:
+                _shape_loopback(setup["rate_mbit"] * setup["world_size"])
+                hosts_netns = []
+            else:
+                hosts_netns = _emulate_hosts(setup["rate_mbit"], setup["hosts"], holders)
+        except (NetemUnavailable, OSError, subprocess.SubprocessError) as exc:
+            answer(status="setup_error", message=str(exc))
+            return 2
+        return _serve(setup, answer, hosts_netns)
+    finally:
+        for holder in holders:
+            holder.kill()
+            holder.wait()
+
+
+def _serve(setup: dict, answer, hosts_netns: list[str]) -> int:
+    """The helper's loop: run each request on the pool's ranks until the parent closes our stdin."""
+    world_size = setup["world_size"]
+    places = [(hosts_netns[r * len(hosts_netns) // world_size], HOST_INTERFACE) for r in range(world_size)] \
+        if hosts_netns else []  # contiguous ranks per host, as torchrun places them
     os.environ["GLOO_SOCKET_IFNAME"] = "lo"  # the only interface here; skips Gloo's hostname lookup
     if os.environ.pop("_DDP_NETEM_UNSET_LOG_LEVEL", None):  # torch is imported: the ranks log as usual
         os.environ.pop("TORCH_CPP_LOG_LEVEL", None)
     answer(status="ready")
     dropped = 0
-    with RankPool(setup["world_size"], setup["backend"], timeout_s=setup["timeout_s"],
-                  threads=setup["threads"]) as pool:
+    with RankPool(world_size, setup["backend"], timeout_s=setup["timeout_s"], threads=setup["threads"],
+                  places=places, store_host=SWITCH_ADDR if places else "127.0.0.1") as pool:
         for line in sys.stdin:  # one request per line until the parent closes our stdin
             req = json.loads(line)
             try:
@@ -308,7 +387,7 @@ def _helper(answer_fd: str) -> int:
             except Exception:  # noqa: BLE001 - reported to the parent as text
                 answer(status="error", message=traceback.format_exc())
                 continue
-            total = _dropped()
+            total = _dropped(hosts_netns)
             answer(status="ok", results=results, dropped=total - dropped)
             dropped = total
     return 0

@@ -67,7 +67,7 @@ def available_memory_fraction() -> float:
 
 
 class _Pools(dict):
-    """The ranks a sweep keeps between its points, one pool per (network, ranks, backend, timeout, threads):
+    """The ranks a sweep keeps between its points, one pool per (network, ranks, backend, timeout, threads, hosts):
     process start, imports and process-group set-up are paid once per pool, not once per point. Closed with the
     ``ExitStack`` given; a pool whose point failed starts fresh ranks for the next one. Idle pools hold their
     ranks' memory (big models, optimizer state), so before a new pool starts while less than ``MIN_AVAILABLE``
@@ -80,14 +80,15 @@ class _Pools(dict):
         self.stack = stack
 
     def get_for(self, cfg: PointConfig, rate_mbit: float | None):
-        key = (rate_mbit, cfg.world_size, cfg.backend, cfg.timeout_s, cfg.threads_per_rank)
+        hosts = getattr(cfg, "hosts", 1)
+        key = (rate_mbit, cfg.world_size, cfg.backend, cfg.timeout_s, cfg.threads_per_rank, hosts)
         if key not in self:
             if self and available_memory_fraction() < self.MIN_AVAILABLE:
                 for other in list(self):
                     self.pop(other).close()
             how = dict(timeout_s=cfg.timeout_s, threads=cfg.threads_per_rank)
             pool = (RankPool(cfg.world_size, cfg.backend, **how) if rate_mbit is None else
-                    netem.NamespacePool(cfg.world_size, cfg.backend, rate_mbit=rate_mbit, **how))
+                    netem.NamespacePool(cfg.world_size, cfg.backend, rate_mbit=rate_mbit, hosts=hosts, **how))
             self[key] = self.stack.enter_context(pool)
         return self[key]
 

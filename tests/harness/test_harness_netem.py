@@ -1,10 +1,14 @@
 """Emulated network (harness.netem): busbw matches the configured rate, the host's network is untouched,
-refused namespaces give a clear error, ``auto`` picks and records a rate."""
+refused namespaces give a clear error, ``auto`` picks and records a rate, emulated hosts shape only what crosses
+between them."""
 import math
 import statistics
 import subprocess
+import time
 
 import pytest
+import torch
+import torch.distributed as dist
 
 from harness import (AllreduceConfig, LaunchError, TrainConfig, autorate, config, env, netem, run_point, run_sweep,
                      validate)
@@ -46,6 +50,74 @@ def test_allreduce_busbw_matches_the_configured_rate(net):
     assert abs(busbw_mbit / rate - 1) < 0.15, (busbw_mbit, rate)
     assert {r["net"] for r in rows} == {net} and {r["net_rate_mbit"] for r in rows} == {rate}
     assert _host_network() == before  # the shaping lived and died in the private namespace
+
+
+def _transfer_ms(ctx, cfg):
+    """Rank 0 sends 4 MiB to rank 1 (same emulated host), then rank 1 to rank 2 (the next host): the receiver's
+    ms for each, timed from a barrier."""
+    data = torch.zeros(1024 * 1024)
+    rows = []
+    for src, dst in ((0, 1), (1, 2)):
+        dist.barrier()
+        start = time.perf_counter()
+        if ctx.rank == src:
+            dist.send(data, dst)
+        elif ctx.rank == dst:
+            dist.recv(data, src)
+            rows.append(dict(pair=f"{src}->{dst}", ms=(time.perf_counter() - start) * 1e3))
+        dist.barrier()
+    return rows
+
+
+@needs_netem
+def test_emulated_hosts_shape_only_the_traffic_between_hosts():
+    before = _host_network()
+    cfg = AllreduceConfig(backend="gloo", profile="cpu", world_size=4, hosts=2, total_params=2_000_000,
+                          params_per_call=2_000_000, iters=4, warmup=1, threads_per_rank=1, net="200mbit",
+                          timeout_s=60)
+    took = {r["pair"]: r["ms"] for r in run_point(cfg, fn=_transfer_ms)}
+    wire_ms = 4 * 2**20 * 8 / 200e6 * 1e3  # 4 MiB at 200 Mbit/s: 168 ms
+    assert abs(took["1->2"] / wire_ms - 1) < 0.2, took  # between hosts: the host's link
+    assert took["0->1"] < wire_ms / 5, took  # inside a host: unshaped
+    rows = run_point(cfg)  # a ring over 2 hosts: each host's link carries one edge each way, so busbw = R
+    busbw_mbit = statistics.median(r["busbw_gbps"] * 8000 for r in rows)
+    assert abs(busbw_mbit / 200 - 1) < 0.2, busbw_mbit
+    assert {r["hosts"] for r in rows} == {2} and _host_network() == before
+
+
+@needs_netem
+def test_faults_across_emulated_hosts_are_stored_as_errors_and_the_sweep_goes_on(tmp_path):
+    """A rank SIGKILLed mid-run on host 0, and host 1's link taken down mid-run: every rank on both hosts ends
+    within the process-group timeout, each point is stored as an error, and the next point on the same pool
+    settings measures normally (the namespace is rebuilt, its links up again)."""
+    timeout_s = 20
+    base = dict(model="small", impl="ours", world_size=4, hosts=2, iters=400, warmup=0, threads_per_rank=1,
+                net="500mbit", timeout_s=timeout_s)
+    killed, cut = TrainConfig(**base, fault="kill@1"), TrainConfig(**base, fault="linkdown@2")
+    fine = TrainConfig(**dict(base, iters=3), repeat=1)  # the second pass: after both faults
+    start = time.monotonic()
+    df = run_sweep("faults", [killed, cut, fine], root=tmp_path, progress=False)
+    took = time.monotonic() - start
+    errors = {pid: e for pid, e in zip(df["point_id"], df["error"].fillna("")) if e}
+    assert set(errors) == {config.point_id(killed), config.point_id(cut)}, errors
+    killed_error = errors[config.point_id(killed)]  # the parent sees rank 1 die, or a peer sees it first
+    assert "exited with code -9" in killed_error or "remote worker crashing" in killed_error, killed_error[-500:]
+    assert "rank(s) failed" in errors[config.point_id(cut)]
+    ok = df[df["point_id"] == config.point_id(fine)]
+    assert len(ok) == 4 * 3 and ok["total_ms"].notna().all()
+    assert took < 2 * timeout_s + 90, took  # nothing waited beyond the timeout (plus start-up of 3 pools)
+
+
+def test_hosts_need_an_emulated_network_and_must_divide_the_ranks():
+    with pytest.raises(ValueError, match="hosts=3 must divide world_size=4"):
+        validate(TrainConfig(world_size=4, hosts=3, net="1gbit"))
+    with pytest.raises(ValueError, match="hosts=2 emulates hosts behind their own links"):
+        validate(TrainConfig(world_size=4, hosts=2, net="loopback"))
+    with pytest.raises(ValueError, match="needs hosts > 1"):
+        validate(TrainConfig(world_size=4, net="1gbit", fault="linkdown@1"))
+    one = TrainConfig(world_size=4, net="1gbit")
+    assert config.point_id(one) == config.point_id(TrainConfig(world_size=4, net="1gbit", hosts=1))  # ids kept
+    assert config.point_id(one) != config.point_id(TrainConfig(world_size=4, net="1gbit", hosts=2))
 
 
 @needs_netem
