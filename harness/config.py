@@ -75,7 +75,7 @@ class TrainConfig:
     net: str = DEFAULT_NET  # loopback | RATE per rank, e.g. 1gbit (emulated link) | auto; see harness.netem
     hosts: int = _field(1, "positive", added=True)  # emulated hosts: ranks split evenly, net = each host's link
     timeout_s: float = _field(300.0, "positive", identity=False)  # process group timeout
-    fault: str = ""  # fault injection for tests: "<raise|exit|hang>@<rank>"
+    fault: str = ""  # fault injection for tests: "<kind>@<rank>", FAULT_KINDS (harness.launch.inject_fault)
 
 
 @dataclass(frozen=True)
