@@ -65,6 +65,12 @@ class ModelSweep(Timed):
                 for r in range(self.repeats) for m in self.models for b in backends]
 
 
+def ranks(cfg) -> str:
+    """"4 ranks", or "4 ranks on 2 emulated hosts", for titles."""
+    hosts = getattr(cfg, "hosts", 1)
+    return f"{cfg.world_size} ranks" + (f" on {hosts} emulated hosts" if hosts > 1 else "")
+
+
 def cuda_gpus() -> int:
     return env.cuda_devices() if env.cuda_available() else 0
 
@@ -213,7 +219,7 @@ def describe_setup(df: pd.DataFrame) -> str:
         return "no successful points"
     parts = []
     for col, label in (("device_name", "device"), ("world_size", "ranks"), ("profile", "profile"),
-                       ("net", "network"), ("net_rate_mbit", "emulated Mbit/s per rank"),
+                       ("net", "network"), ("net_rate_mbit", "emulated Mbit/s per rank (per host with emulated hosts)"),
                        ("num_threads", "threads/rank"), ("hosts", "emulated hosts"), ("hostname", "host")):
         if col == "hosts" and set(ok.get(col, pd.Series(dtype=float)).dropna()) <= {1}:
             continue  # one host: nothing to say

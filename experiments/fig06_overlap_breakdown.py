@@ -110,8 +110,8 @@ def plot(df, cfg: Config):
         ax.set_title(backend, fontsize=10)
         ax.set_ylabel("median latency per iteration (ms)")
         ax.legend(fontsize=6, loc="upper left")
-    return common.finish(fig, f"Figure 6: latency breakdown, overlapping vs non-overlapping, {cfg.world_size} "
-                              f"ranks, {cfg.bucket_cap_mb:g} MB buckets", f"{PAPER['setup']}; {PAPER['claim']}",
+    return common.finish(fig, f"Figure 6: latency breakdown, overlapping vs non-overlapping, {common.ranks(cfg)}, "
+                              f"{cfg.bucket_cap_mb:g} MiB buckets", f"{PAPER['setup']}; {PAPER['claim']}",
                          common.ok_rows(df, net=cfg.net, hosts=cfg.hosts), paper_scale.caption(cfg.cluster),
                          unavailable=unavailable)
 

@@ -71,7 +71,7 @@ def draw(df, cfg: Config, name: str, paper: dict):
                                                                          cfg.bucket_caps_mb))
     fig = common.model_backend_panels(ok, cfg.models, cfg.backends, unavailable, draw, simulated=simulated)
     note = common.BOXES_NOTE + paper_scale.caption(cfg.cluster)
-    return common.finish(fig, f"Figure {name[3:]}: per-iteration latency vs bucket size, {cfg.world_size} ranks",
+    return common.finish(fig, f"Figure {name[3:]}: per-iteration latency vs bucket size, {common.ranks(cfg)}",
                          f"{paper['setup']}; {paper['claim']}", ok, note, unavailable=unavailable)
 
 

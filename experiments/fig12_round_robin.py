@@ -51,7 +51,7 @@ def plot(df, cfg: Config):
         ax.set_xlabel("round-robin process groups (k)")
 
     fig = common.model_backend_panels(ok, cfg.models, cfg.backends, unavailable, draw)
-    return common.finish(fig, f"Figure 12: round-robin process groups, {cfg.world_size} ranks",
+    return common.finish(fig, f"Figure 12: round-robin process groups, {common.ranks(cfg)}",
                          f"{PAPER['setup']}; {PAPER['claim']}", ok, common.BOXES_NOTE, unavailable=unavailable)
 
 
