@@ -249,8 +249,8 @@ class NamespacePool:
             self.close()  # a fault may have changed the namespace (a host's link down): the next run starts afresh
             raise LaunchError(answer["message"])
         if answer["dropped"]:
-            print(f"[netem] lo dropped {answer['dropped']} packet(s) at {self.setup['rate_mbit']:g} Mbit/s per "
-                  f"rank; TCP retransmissions may have inflated the times", file=sys.stderr)
+            print(f"[netem] the emulated links dropped {answer['dropped']} packet(s) at {self.setup['rate_mbit']:g} "
+                  f"Mbit/s; TCP retransmissions may have inflated the times", file=sys.stderr)
         return answer["results"]
 
     def close(self) -> None:
@@ -276,13 +276,17 @@ class NamespacePool:
 
 _HELPER_MAIN = "import sys; from harness.netem import _helper; sys.exit(_helper(sys.argv[1]))"
 
+def _must(cmd: list[str]) -> None:
+    """Run a set-up command inside the namespace; NetemUnavailable with its message if it fails."""
+    done = _run(cmd)
+    if done.returncode != 0:
+        raise NetemUnavailable(f"`{' '.join(cmd)}` failed inside the network namespace (exit code "
+                               f"{done.returncode}): {done.stderr.strip() or 'no message'}")
+
+
 def _shape_loopback(lo_rate_mbit: float) -> None:
-    shape = [TC, "qdisc", "add", "dev", "lo", "root", *_tbf_args(lo_rate_mbit).split()]
-    for cmd in ([IP, "link", "set", "lo", "up"], shape):
-        done = _run(cmd)
-        if done.returncode != 0:
-            raise NetemUnavailable(f"`{' '.join(cmd)}` failed inside the network namespace (exit code "
-                                   f"{done.returncode}): {done.stderr.strip() or 'no message'}")
+    _must([IP, "link", "set", "lo", "up"])
+    _must([TC, "qdisc", "add", "dev", "lo", "root", *_tbf_args(lo_rate_mbit).split()])
 
 
 HOST_INTERFACE = "eth0"  # an emulated host's one interface, as on a real server
@@ -299,16 +303,9 @@ def _emulate_hosts(rate_mbit: float, hosts: int, holders: list) -> list[str]:
     on egress with the same ``tbf`` as the one-host case at ``rate_mbit``: the host's NIC. Returns each host's
     namespace path."""
     paths: list[str] = []
-
-    def run(cmd: list[str]) -> None:
-        done = _run(cmd)
-        if done.returncode != 0:
-            raise NetemUnavailable(f"`{' '.join(cmd)}` failed inside the network namespace (exit code "
-                                   f"{done.returncode}): {done.stderr.strip() or 'no message'}")
-
     for cmd in ([IP, "link", "set", "lo", "up"], [IP, "link", "add", "br0", "type", "bridge"],
                 [IP, "addr", "add", f"{SWITCH_ADDR}/16", "dev", "br0"], [IP, "link", "set", "br0", "up"]):
-        run(cmd)
+        _must(cmd)
     own = os.readlink("/proc/self/ns/net")
     for h in range(hosts):
         holder = subprocess.Popen([UNSHARE, "-n", "sleep", "infinity"])
@@ -327,7 +324,7 @@ def _emulate_hosts(rate_mbit: float, hosts: int, holders: list) -> list[str]:
                         [IP, "link", "set", "lo", "up"], [IP, "link", "set", HOST_INTERFACE, "up"],
                         [IP, "addr", "add", f"10.77.{h}.1/16", "dev", HOST_INTERFACE],
                         [TC, "qdisc", "add", "dev", HOST_INTERFACE, "root", *_tbf_args(rate_mbit).split()]))):
-            run(cmd)
+            _must(cmd)
     return paths
 
 
