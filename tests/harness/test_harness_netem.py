@@ -252,3 +252,20 @@ def test_drivers_never_mix_rows_of_different_networks(monkeypatch):
     assert list(ok_rows(df, net="auto")["point_id"]) == ["emu", "one"]
     df["net_auto_loopback"] = [False, True, True, False]  # as stored since that column exists: it decides
     assert list(ok_rows(df, net="auto")["point_id"]) == ["emu", "plain", "one"]
+
+
+def test_drivers_never_mix_rows_of_different_host_counts():
+    import pandas as pd
+
+    from experiments import fig09_scalability as fig9
+    from experiments.common import ok_rows
+
+    df = pd.DataFrame({"point_id": ["old", "flat", "two", "local"], "point_type": ["TrainConfig"] * 4,
+                       "error": [""] * 4, "net": ["1gbit"] * 3 + ["loopback"], "backend": ["gloo"] * 4,
+                       "world_size": [4, 4, 4, 1], "impl": ["ours", "ours", "ours", "local"],
+                       "hosts": [None, 1, 2, 1]})  # "old": stored before the column existed
+    assert list(ok_rows(df, net="1gbit")["point_id"]) == ["old", "flat"]
+    assert list(ok_rows(df, net="1gbit", hosts=2)["point_id"]) == ["two"]
+    assert list(ok_rows(df, net="loopback", hosts=2)["point_id"]) == ["local"]  # no communication: any hosts
+    points = fig9.points(fig9.Config(world_sizes=(2, 4), hosts=2, models=("small",), repeats=1))
+    assert {(p.impl, p.hosts) for p in points} == {("ours", 2), ("local", 1)}
