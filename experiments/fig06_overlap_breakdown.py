@@ -62,10 +62,10 @@ def _medians(df, cfg: Config):
 
 def speedups(df, cfg: Config) -> dict:
     """(model, backend) -> overlap speedup in percent (non-overlapping / overlapping latency - 1) with its
-    spread: one ratio per repetition, the two measured in the same interleaved pass."""
-    per_repeat = verdicts.repeat_medians(_selected(df, cfg), ["model", "backend", "overlap"])
+    spread: one ratio per repetition, the two measured in the same task (``verdicts.paired_ratios``)."""
+    per_task = verdicts.task_medians(_selected(df, cfg), ["model", "backend", "overlap"])
     out = {}
-    for (model, backend), s in per_repeat.groupby(level=[0, 1]):
+    for (model, backend), s in per_task.groupby(level=[0, 1]):
         s = s.droplevel([0, 1])
         if {True, False} <= set(s.index.get_level_values(0)):
             ratios = 100 * (verdicts.paired_ratios(s, False, True) - 1)

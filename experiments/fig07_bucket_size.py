@@ -43,11 +43,11 @@ def points(cfg: Config) -> list[TrainConfig]:
             for p in cfg.train_points(cfg.world_size, impl=cfg.impl, bucket_cap_mb=cap)]
 
 
-def repeat_medians(df, cfg: Config):
-    """Per (model, backend, bucket cap, repetition): the repetition's median latency."""
+def task_medians(df, cfg: Config):
+    """Per (model, backend, bucket cap, repetition, task): the median latency (``verdicts.task_medians``)."""
     ok = common.ok_rows(df, net=cfg.net, hosts=cfg.hosts)
     ok = ok[ok["model"].isin(cfg.models) & (ok["world_size"] == cfg.world_size)]
-    return verdicts.repeat_medians(ok, ["model", "backend", "bucket_cap_mb"])
+    return verdicts.task_medians(ok, ["model", "backend", "bucket_cap_mb"])
 
 
 def plot(df, cfg: Config):
@@ -76,23 +76,23 @@ def draw(df, cfg: Config, name: str, paper: dict):
 
 
 def bucket_verdicts(df, cfg: Config) -> dict:
-    """(model, backend) -> the best cap, the caps not worse than it beyond the noise, the worst cap, the best
-    cap's latency and best vs worst (a Spread over repetitions, each pair measured in the same pass)."""
+    """(model, backend) -> the best cap, the caps tied with it (``verdicts.best_options``), the worst cap, the best
+    cap's latency and best vs worst (Spreads over repetitions, each ratio paired by ``verdicts.paired_ratios``)."""
     out = {}
-    for (model, backend), series in repeat_medians(df, cfg).groupby(level=[0, 1]):
+    for (model, backend), series in task_medians(df, cfg).groupby(level=[0, 1]):
         per_cap = series.droplevel([0, 1])
         best, tied = verdicts.best_options(per_cap)
-        worst = per_cap.groupby(level=0).median().idxmax()
+        worst = verdicts.levels(per_cap).idxmax()
         out[(model, backend)] = dict(best=best, tied=sorted(tied), worst=worst,
-                                     best_ms=verdicts.spread(per_cap.xs(best)),
+                                     best_ms=verdicts.spread(verdicts.per_repeat(per_cap).xs(best)),
                                      gain=verdicts.spread(verdicts.paired_ratios(per_cap, worst, best)))
     return out
 
 
 def summarize(df, cfg: Config) -> str:
     claim = PAPER["best_vs_worst_speedup"]
-    lines = [f"{model}/{backend}: best cap {common.fmt_mb(v['best'])} MiB, {v['best_ms'].fmt()}; not worse beyond "
-             f"the noise: {', '.join(common.fmt_mb(c) for c in v['tied'])} MiB; worst {common.fmt_mb(v['worst'])} MiB; "
+    lines = [f"{model}/{backend}: best cap {common.fmt_mb(v['best'])} MiB, {v['best_ms'].fmt()}; tied with it (within "
+             f"{verdicts.EQUIVALENT:.0%}): {', '.join(common.fmt_mb(c) for c in v['tied'])} MiB; worst {common.fmt_mb(v['worst'])} MiB; "
              f"best vs worst {v['gain'].fmt('x', 2)} (paper: >{claim:.0f}x, {verdicts.verdict(v['gain'], claim)})"
              for (model, backend), v in bucket_verdicts(df, cfg).items()]
     return "\n".join(lines) or "no results"

@@ -90,16 +90,16 @@ def plot(df, cfg: Config):
 
 def _savings(df, cfg: Config) -> dict:
     """(model, backend, world size) -> (amortized latency per n, saving of the largest n vs n = 1 in percent),
-    Spreads over repetitions (the two of a saving measured in the same interleaved pass)."""
-    per_repeat = verdicts.repeat_medians(_selected(df, cfg), ["model", "backend", "world_size", "sync_every"],
+    Spreads over repetitions (the two of a saving measured in the same task)."""
+    per_task = verdicts.task_medians(_selected(df, cfg), ["model", "backend", "world_size", "sync_every"],
                                        agg="mean")
     out = {}
-    for key, s in per_repeat.groupby(level=[0, 1, 2]):
+    for key, s in per_task.groupby(level=[0, 1, 2]):
         s = s.droplevel([0, 1, 2])
         ns = sorted(set(s.index.get_level_values(0)))
         saving = (ns[-1], verdicts.spread(100 * (1 - verdicts.paired_ratios(s, ns[-1], 1)))) \
             if 1 in ns and len(ns) > 1 else None
-        out[key] = ({n: verdicts.spread(s.xs(n)) for n in ns}, saving)
+        out[key] = ({n: verdicts.spread(verdicts.per_repeat(s).xs(n)) for n in ns}, saving)
     return out
 
 

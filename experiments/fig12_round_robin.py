@@ -57,12 +57,12 @@ def plot(df, cfg: Config):
 
 def _gains(df, cfg: Config) -> dict:
     """(model, backend) -> per k: latency and speedup over k = 1 (Spreads over repetitions)."""
-    per_repeat = verdicts.repeat_medians(_selected(df, cfg), ["model", "backend", "round_robin_groups"])
+    per_task = verdicts.task_medians(_selected(df, cfg), ["model", "backend", "round_robin_groups"])
     out = {}
-    for (model, backend), s in per_repeat.groupby(level=[0, 1]):
+    for (model, backend), s in per_task.groupby(level=[0, 1]):
         s = s.droplevel([0, 1])
         ks = sorted(set(s.index.get_level_values(0)))
-        out[(model, backend)] = {k: (verdicts.spread(s.xs(k)),
+        out[(model, backend)] = {k: (verdicts.spread(verdicts.per_repeat(s).xs(k)),
                                      verdicts.spread(verdicts.paired_ratios(s, 1, k)) if 1 in ks else None) for k in ks}
     return out
 

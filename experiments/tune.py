@@ -69,7 +69,7 @@ def run(cfg: Config, root=None) -> dict:
         ok = common.ok_rows(df)
         ok = ok[(ok["model"] == probe.model) & (ok["world_size"] == probe.world_size) & (ok["net"] == probe.net)
                 & ok["bucket_cap_mb"].isin(caps)]
-        out["measured"] = verdicts.repeat_medians(ok, ["bucket_cap_mb"])
+        out["measured"] = verdicts.task_medians(ok, ["bucket_cap_mb"])
     return out
 
 
@@ -82,9 +82,9 @@ def report(out: dict) -> str:
         rec, default = out["recommended_mb"], DEFAULT_CAP_MB
         for name, cap in (("recommended", rec), ("torch's default", default)):
             ratio = verdicts.spread(verdicts.paired_ratios(per, cap, best))
-            lines.append(f"measured {name} {cap:g} MiB: {verdicts.spread(per.xs(cap)).fmt()}, "
+            lines.append(f"measured {name} {cap:g} MiB: {verdicts.spread(verdicts.per_repeat(per).xs(cap)).fmt()}, "
                          f"{ratio.fmt('x', 3)} of the best measured ({best:g} MiB)")
-        lines.append(f"caps not worse than the best beyond the noise: {', '.join(f'{c:g}' for c in tied)} MiB; "
+        lines.append(f"caps tied with the best (within {verdicts.EQUIVALENT:.0%}): {', '.join(f'{c:g}' for c in tied)} MiB; "
                      f"the recommendation is {'among' if rec in tied else 'NOT among'} them")
     return "\n".join(lines)
 

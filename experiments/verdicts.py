@@ -1,9 +1,11 @@
 """Repetitions and verdicts with uncertainty: what every figure's summary says about its numbers.
 
-A repetition is one interleaved pass over a sweep (``harness.sweep.schedule``), so per-repetition medians of two
-options were measured under the same load and their ratio is paired. Every reported number is the median of
-repetition medians with a 95% bootstrap interval over repetitions (:class:`Spread`); a claim whose interval
-straddles its threshold is "not resolved here".
+A repetition is one pass over a sweep (``harness.sweep.schedule``). Within it, points that differ only in how DDP
+trains (bucket cap, overlap, n, k, ...) are measured in one rank task, an iteration of each in turn
+(``harness.sweep.interleaved_groups``), so the machine's drift hits them alike and the ratio of two points'
+medians in one task is paired. Every reported number is the median over repetitions with a 95% bootstrap
+interval over repetitions (:class:`Spread`); a claim whose interval straddles its threshold is "not resolved
+here".
 """
 from __future__ import annotations
 
@@ -14,12 +16,28 @@ import pandas as pd
 
 from harness import stats
 
+EQUIVALENT = 0.05  # a setting within 5% of the best counts as tied with it (best_options)
+
+
+def task_medians(ok: pd.DataFrame, keys: list[str], value: str = "total_ms", agg: str = "median") -> pd.Series:
+    """Median (or ``agg``) of ``value`` over all ranks' measured iterations per ``keys``, ``repeat`` and ``task``
+    (the rows' ``group``: the rank task that measured them; rows stored before groups existed count as their
+    own task, and as repetition 0 before repetitions existed)."""
+    repeat = ok["repeat"].fillna(0).astype(int) if "repeat" in ok.columns else 0
+    task = ok["group"].where(ok["group"] != "", ok["point_id"]) if "group" in ok.columns else ok["point_id"]
+    return ok.assign(repeat=repeat, task=task).groupby([*keys, "repeat", "task"])[value].agg(agg)
+
 
 def repeat_medians(ok: pd.DataFrame, keys: list[str], value: str = "total_ms", agg: str = "median") -> pd.Series:
-    """Median (or ``agg``) of ``value`` over all ranks' measured iterations of one repetition, per ``keys`` and
-    ``repeat`` (rows stored before repetitions existed count as repetition 0)."""
-    repeat = ok["repeat"].fillna(0).astype(int) if "repeat" in ok.columns else 0
-    return ok.assign(repeat=repeat).groupby([*keys, "repeat"])[value].agg(agg)
+    """Per ``keys`` and ``repeat``: :func:`task_medians` (the median of them for an anchor measured in several)."""
+    return per_repeat(task_medians(ok, keys, value, agg))
+
+
+def per_repeat(per_task: pd.Series) -> pd.Series:
+    """A :func:`task_medians` series with its tasks folded: the median over an option's tasks per repetition."""
+    if "task" not in per_task.index.names:
+        return per_task
+    return per_task.groupby(level=[n for n in per_task.index.names if n != "task"]).median()
 
 
 class Spread(NamedTuple):
@@ -53,25 +71,52 @@ def spread(per_repeat) -> Spread:
     return Spread(float(np.median(x)), lo, hi, len(x))
 
 
-def paired_ratios(per_repeat: pd.Series, option, reference) -> np.ndarray:
-    """``option`` / ``reference`` within each repetition both have (a repetition is one interleaved pass, so
-    the two were measured under the same load)."""
-    a, b = per_repeat.xs(option), per_repeat.xs(reference)
-    both = a.index.intersection(b.index)
-    return (a[both] / b[both]).to_numpy()
+def paired_ratios(per_task: pd.Series, option, reference) -> np.ndarray:
+    """``option`` / ``reference`` (first index level) per repetition both have, from :func:`task_medians`: measured
+    in one task, the ratio of their medians there; in two tasks of one repetition, through a third option both
+    tasks measured (the anchor of ``harness.sweep.interleaved_groups``); otherwise (measured apart, or a series
+    without tasks) the ratio of their repetition medians."""
+    if "task" not in per_task.index.names:
+        a, b = per_task.xs(option), per_task.xs(reference)
+        both = a.index.intersection(b.index)
+        return (a[both] / b[both]).to_numpy()
+    table = per_task.unstack(0)  # (repeat, task) x option
+    ratios = []
+    for _, tasks in table.groupby(level="repeat"):
+        if tasks[option].isna().all() or tasks[reference].isna().all():
+            continue
+        ratios.append(_ratio_in_repeat(tasks.droplevel("repeat"), option, reference))
+    return np.asarray(ratios)
 
 
-def best_options(per_repeat: pd.Series) -> tuple[object, list]:
-    """The option (first index level) with the lowest median latency, and every option not worse than it beyond
-    the noise: the 95% interval of its per-repetition ratio to the best reaches 1 + the noise, the half-width
-    of the best's own interval over repetitions relative to its median (a difference smaller than the spread
-    between repetitions is not resolved). With one repetition there is no noise to judge by: only the best."""
-    center = per_repeat.groupby(level=0).median()
-    best = center.idxmin()
-    mine = spread(per_repeat.xs(best))
-    noise = (mine.hi - mine.lo) / 2 / mine.center
-    tied = [o for o in center.index
-            if o == best or spread(paired_ratios(per_repeat, o, best)).lo <= 1.0 + noise]
+def _ratio_in_repeat(tasks: pd.DataFrame, option, reference) -> float:
+    together = tasks[[option, reference]].dropna()
+    if len(together):
+        return float(np.median(together[option] / together[reference]))
+    for anchor in tasks.columns.drop([option, reference]):
+        via_o, via_r = tasks[[option, anchor]].dropna(), tasks[[reference, anchor]].dropna()
+        if len(via_o) and len(via_r):
+            return float(np.median(via_o[option] / via_o[anchor]) / np.median(via_r[reference] / via_r[anchor]))
+    return float(tasks[option].median() / tasks[reference].median())
+
+
+def levels(per_task: pd.Series) -> pd.Series:
+    """Each option's median paired ratio (:func:`paired_ratios`) to the option fastest in absolute terms: their
+    order, unlike absolute medians, does not move with the drift of the tasks that measured them."""
+    reference = per_repeat(per_task).groupby(level=0).median().idxmin()
+    options = per_task.index.unique(level=0)
+    return pd.Series([float(np.median(paired_ratios(per_task, o, reference))) for o in options], index=options)
+
+
+def best_options(per_task: pd.Series) -> tuple[object, list]:
+    """The option (first index level) with the lowest :func:`levels`, and every option tied with it: the 95%
+    interval of its paired ratio to the best (:func:`paired_ratios`, over repetitions) reaches
+    1 + :data:`EQUIVALENT`. A smaller difference is not one to choose a setting by, and a 10-minute run on this
+    machine does not resolve it (REPRODUCTION.md, fig 7 notes)."""
+    level = levels(per_task)
+    best = level.idxmin()
+    tied = [o for o in level.index
+            if o == best or spread(paired_ratios(per_task, o, best)).lo <= 1.0 + EQUIVALENT]
     return best, tied
 
 

@@ -27,10 +27,12 @@ import contextlib
 import json
 import math
 import os
+import random
 import resource
 import socket
 import time
 from pathlib import Path
+from typing import Sequence
 
 import torch
 
@@ -171,6 +173,33 @@ def rank_metadata(ctx: RankContext) -> dict:
                 torch_version=host["torch_version"])
 
 
+class _Prepared:
+    """One point set up on this rank: its trainer, inputs, breakdown reader and the metadata of its rows."""
+
+    def __init__(self, ctx: RankContext, cfg: TrainConfig):
+        self.cfg = cfg
+        model = seeded_model(cfg.model, cfg.seed).to(ctx.device)  # same weights on every rank (DDP broadcasts)
+        spec = input_spec(cfg.model, cfg.profile, cfg.batch_size)
+        self.inputs = make_inputs(cfg.model, spec, ctx.device, seed=cfg.seed * 1000 + ctx.rank)
+        self.trainer = build_trainer(model, cfg, ctx)
+        self.breakdown = _Breakdown(cfg.impl, self.trainer.model)
+        self.meta = dict(rank_metadata(ctx), num_params=sum(p.numel() for p in model.parameters()),
+                         batch_size_used=spec.batch_size, image_size=spec.image_size, seq_len=spec.seq_len)
+
+    def iteration(self, ctx: RankContext, it: int) -> dict | None:
+        """Run iteration ``it`` (counted from the first warmup iteration); its row once past the warmup."""
+        cfg = self.cfg
+        synced = (it + 1) % cfg.sync_every == 0
+        times, loss = timed_iteration(cfg.model, self.trainer.model, self.trainer.optimizer, self.inputs, ctx,
+                                      no_sync=cfg.impl != "local" and not synced, step=synced,
+                                      backward=self.trainer.backward)
+        split = self.breakdown.read(synced, times["backward_ms"])
+        if it < cfg.warmup:
+            return None
+        return dict(self.meta, iteration=it - cfg.warmup, synced=synced, loss=float(loss.detach()), **times,
+                    **split)
+
+
 def run_training_point(ctx: RankContext, cfg: TrainConfig) -> list[dict]:
     """Build, wrap and train ``cfg.model`` for warmup + iters iterations; one row per measured iteration. With
     ``cfg.memory``, every row also carries the memory and traffic columns of :func:`measure_memory`."""
@@ -181,28 +210,35 @@ def run_training_point(ctx: RankContext, cfg: TrainConfig) -> list[dict]:
         memory.profiled(lambda: torch.ones(1) + 1)
         seeded_model(cfg.model, cfg.seed)
     floor = memory.current_bytes(ctx.device)  # the process without this point's tensors: PeakMeter's zero
-    model = seeded_model(cfg.model, cfg.seed).to(ctx.device)  # same weights on every rank (DDP broadcasts them)
-    num_params = sum(p.numel() for p in model.parameters())
-    spec = input_spec(cfg.model, cfg.profile, cfg.batch_size)
-    inputs = make_inputs(cfg.model, spec, ctx.device, seed=cfg.seed * 1000 + ctx.rank)
-    trainer = build_trainer(model, cfg, ctx)
-    breakdown = _Breakdown(cfg.impl, trainer.model)
-    meta = dict(rank_metadata(ctx), num_params=num_params, batch_size_used=spec.batch_size,
-                image_size=spec.image_size, seq_len=spec.seq_len)
-    rows = []
-    for it in range(cfg.warmup + cfg.iters):
-        synced = (it + 1) % cfg.sync_every == 0
-        times, loss = timed_iteration(cfg.model, trainer.model, trainer.optimizer, inputs, ctx,
-                                      no_sync=cfg.impl != "local" and not synced, step=synced,
-                                      backward=trainer.backward)
-        split = breakdown.read(synced, times["backward_ms"])
-        if it >= cfg.warmup:
-            rows.append(dict(meta, iteration=it - cfg.warmup, synced=synced, loss=float(loss.detach()), **times,
-                             **split))
+    point = _Prepared(ctx, cfg)
+    rows = [row for it in range(cfg.warmup + cfg.iters) if (row := point.iteration(ctx, it)) is not None]
     if cfg.memory:
-        extra = measure_memory(cfg, trainer, inputs, ctx, floor)
+        extra = measure_memory(cfg, point.trainer, point.inputs, ctx, floor)
         timeline = extra.pop("mem_timeline_json")
         rows = [dict(row, **extra, mem_timeline_json=timeline if row["iteration"] == 0 else "") for row in rows]
+    return rows
+
+
+def round_order(names: Sequence, rnd: int, seed: object) -> list:
+    """The order of round ``rnd`` of interleaved variants: a fresh seeded shuffle per round, the same on every
+    rank (their collectives must match), so no variant always runs right after the same other."""
+    return random.Random(f"{seed}/{rnd}").sample(list(names), len(names))
+
+
+def run_training_points(ctx: RankContext, cfgs: Sequence[TrainConfig]) -> list[list[dict]]:
+    """Points that differ only in how they train (``harness.sweep.INTERLEAVED_FIELDS``) measured together, the
+    way ``make bench`` measures its variants: every trainer is built first, then each round runs one iteration of
+    every point in :func:`round_order`. The machine's speed drifts over seconds, so iteration ``i`` of two points
+    forms a pair measured under the same load, which separate launches (tens of seconds apart) are not. Returns
+    each point's rows, as :func:`run_training_point` would, with each row's ``round_position``."""
+    points = [_Prepared(ctx, cfg) for cfg in cfgs]
+    rows: list[list[dict]] = [[] for _ in cfgs]
+    first = cfgs[0]
+    for it in range(first.warmup + first.iters):
+        for position, k in enumerate(round_order(range(len(cfgs)), it, (first.seed, first.repeat))):
+            row = points[k].iteration(ctx, it)
+            if row is not None:
+                rows[k].append(dict(row, round_position=position))
     return rows
 
 

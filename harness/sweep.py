@@ -18,8 +18,11 @@ job's WORLD_SIZE are skipped with a note, so one driver can serve jobs of severa
 """
 from __future__ import annotations
 
+import collections
 import contextlib
+import dataclasses
 import datetime
+import functools
 import math
 import os
 import random
@@ -40,8 +43,9 @@ from harness.convergence import run_convergence_point
 from harness.env import in_place, is_writer
 from harness.errors import refusing
 from harness.launch import RankPool, init_in_place, launch, refuse_in_bootstrapping_child
+from harness.models import build_model
 from harness.preflight import preflight
-from harness.runner import run_training_point
+from harness.runner import run_training_point, run_training_points
 
 MAX_ERROR_CHARS = 8000
 
@@ -57,13 +61,19 @@ def run_point(cfg: PointConfig, deadline_s: float | None = None, fn=None) -> lis
         return _measure(cfg, deadline_s, _Pools(pools), fn)
 
 
-def available_memory_fraction() -> float:
-    """The share of this machine's memory the kernel says is available (``/proc/meminfo``; 1.0 elsewhere)."""
+def memory_bytes() -> tuple[float, float]:
+    """(available, total) bytes of this machine's memory, as the kernel says (``/proc/meminfo``; inf elsewhere)."""
     try:
         info = dict(line.split(":", 1) for line in Path("/proc/meminfo").read_text().splitlines())
-        return int(info["MemAvailable"].split()[0]) / int(info["MemTotal"].split()[0])
+        return tuple(int(info[k].split()[0]) * 1024 for k in ("MemAvailable", "MemTotal"))
     except (OSError, KeyError, ValueError):
-        return 1.0
+        return math.inf, math.inf
+
+
+def available_memory_fraction() -> float:
+    """The share of this machine's memory the kernel says is available (1.0 where it does not say)."""
+    available, total = memory_bytes()
+    return available / total if total < math.inf else 1.0
 
 
 class _Pools(dict):
@@ -98,17 +108,26 @@ def _measure(cfg: PointConfig, deadline_s: float | None, pools: _Pools, fn=None)
     their rows with the config columns and the network that was used."""
     fn = fn or {TrainConfig: run_training_point, ConvergenceConfig: run_convergence_point,
                 AllreduceConfig: run_allreduce_point}[type(cfg)]
+    return _measure_group([cfg], deadline_s, pools, fn)[0]
+
+
+def _measure_group(cfgs: list[PointConfig], deadline_s: float | None, pools: _Pools, fn=None) -> list[list[dict]]:
+    """:func:`_measure` for points measured together in one rank task (:func:`interleaved_groups`; ``fn`` given
+    for a single point), returning each point's rows."""
+    cfg = cfgs[0]
     rate_mbit, auto_backward_ms = autorate.point_rate(cfg)  # None = plain loopback; auto is measured (cached)
+    task, args = (fn, (cfg,)) if fn else (run_training_points, (cfgs,))
+    deadline_s = deadline_s and deadline_s * len(cfgs)
     if in_place():
-        per_rank = launch(fn, cfg.world_size, cfg.backend, args=(cfg,), timeout_s=cfg.timeout_s,
+        per_rank = launch(task, cfg.world_size, cfg.backend, args=args, timeout_s=cfg.timeout_s,
                           threads=cfg.threads_per_rank)
     else:
-        per_rank = pools.get_for(cfg, rate_mbit).run(fn, (cfg,), deadline_s)
-    config = {**config_columns(cfg), "net_rate_mbit": math.nan if rate_mbit is None else rate_mbit,
-              "net_auto_backward_ms": auto_backward_ms,
-              "net_auto_loopback": auto_net_is_loopback(type(cfg).__name__, cfg.backend, cfg.world_size,
-                                                        getattr(cfg, "impl", ""))}
-    return [{**config, **row} for rows in per_rank for row in rows]
+        per_rank = pools.get_for(cfg, rate_mbit).run(task, args, deadline_s)
+    per_rank = per_rank if not fn else [[rows] for rows in per_rank]  # rank -> point -> rows
+    network = {"net_rate_mbit": math.nan if rate_mbit is None else rate_mbit, "net_auto_backward_ms": auto_backward_ms}
+    return [[{**config_columns(c), **network, "net_auto_loopback": auto_net_is_loopback(
+        type(c).__name__, c.backend, c.world_size, getattr(c, "impl", "")), **row} for rank in per_rank for row in rank[k]]
+            for k, c in enumerate(cfgs)]
 
 
 def _error_row(cfg: PointConfig, exc: BaseException) -> dict:
@@ -147,6 +166,60 @@ def schedule(points: dict[str, PointConfig], seed: int) -> dict[str, PointConfig
         random.Random(f"{seed}/{repeat}").shuffle(ids)
         order += ids
     return {pid: points[pid] for pid in order}
+
+
+INTERLEAVED_FIELDS = ("impl", "bucket_cap_mb", "overlap", "sync_every", "round_robin_groups", "comm_hook",
+                      "gradient_as_bucket_view")  # what points measured together may differ in
+INTERLEAVED_IMPLS = ("ours", "torch", "local")  # systems that can share ranks with others (no global set-up)
+MEMORY_SHARE = 0.5  # of the memory available when a group starts, for the group's trainers
+TRAINER_COPIES = {"sgd": 3, "adam": 5}  # parameter-sized tensors a trainer holds: weights, gradients, buckets (+ Adam's
+# two moments; the runner's SGD has no momentum). BERT-base at 2 ranks: 1.35 GB a trainer and rank, measured
+
+
+def interleaved_groups(points: dict[str, PointConfig], available_bytes: float) -> list[list[str]]:
+    """The points, in order, gathered into groups measured together (:func:`harness.runner.run_training_points`):
+    training points of one repetition on the same ranks and network that differ only in
+    :data:`INTERLEAVED_FIELDS`, each group placed where its first point was. A group too big for
+    :data:`MEMORY_SHARE` of ``available_bytes`` is split into tasks that all measure one common point, the
+    anchor (the one with the fields' defaults, e.g. torch's 25 MiB cap, else the first): two points of different
+    tasks compare through their ratios to it (``experiments.verdicts.paired_ratios``), and the anchor's rows
+    hold every task's. Points measuring memory or with a fault run alone."""
+    groups: dict[object, list[str]] = {}
+    order: list[list[str]] = []
+    for pid, cfg in points.items():
+        if (not isinstance(cfg, TrainConfig) or cfg.memory or cfg.fault or cfg.trace_buckets
+                or cfg.impl not in INTERLEAVED_IMPLS):
+            order.append([pid])
+            continue
+        key = dataclasses.replace(cfg, **{f: TrainConfig.__dataclass_fields__[f].default for f in INTERLEAVED_FIELDS})
+        if key not in groups:
+            groups[key] = []
+            order.append(groups[key])
+        groups[key].append(pid)
+    return [task for members in order for task in _tasks(members, points, available_bytes)]
+
+
+def _tasks(members: list[str], points: dict[str, PointConfig], available_bytes: float) -> list[list[str]]:
+    cfg = points[members[0]]
+    trainer_bytes = cfg.world_size * TRAINER_COPIES[cfg.optimizer] * _param_bytes(cfg)
+    size = int(MEMORY_SHARE * available_bytes // trainer_bytes)
+    if len(members) <= max(size, 1):
+        return [members]
+    if size < 2:
+        return [[pid] for pid in members]
+    defaults = TrainConfig()
+    anchor = next((pid for pid in members if all(getattr(points[pid], f) == getattr(defaults, f)
+                                                 for f in INTERLEAVED_FIELDS)), members[0])
+    rest = [pid for pid in members if pid != anchor]
+    return [[anchor, *rest[i:i + size - 1]] for i in range(0, len(rest), size - 1)]
+
+
+@functools.lru_cache(maxsize=None)
+def _param_bytes(cfg: TrainConfig) -> int:
+    import torch
+
+    with torch.device("meta"):
+        return sum(p.numel() * p.element_size() for p in build_model(cfg.model).parameters())
 
 
 def run_sweep(experiment: str, points: Sequence[PointConfig], *, root: str | os.PathLike | None = None,
@@ -188,30 +261,43 @@ def run_sweep(experiment: str, points: Sequence[PointConfig], *, root: str | os.
     with bar, contextlib.ExitStack() as stack:
         pools = _Pools(stack)
         bar.update(len(unique) - len(pending))
-        for position, (pid, cfg) in enumerate(unique.items()):
-            if pid not in pending:
-                continue
-            bar.set_postfix_str(_describe(cfg), refresh=True)
+        positions = {pid: position for position, pid in enumerate(unique)}
+        todo = {pid: cfg for pid, cfg in unique.items() if pid in pending}
+        tasks = interleaved_groups(todo, memory_bytes()[0])
+        tasks_left = collections.Counter(pid for task in tasks for pid in task)  # an anchor is in several
+        collected: dict[str, list[dict]] = collections.defaultdict(list)
+        for task in tasks:
+            cfgs = [todo[pid] for pid in task]
+            bar.set_postfix_str(_describe(cfgs), refresh=True)
             started = datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")
             t0 = time.monotonic()
             try:
-                rows = _measure(cfg, deadline_s, pools)
+                measured = [_measure(cfgs[0], deadline_s, pools)] if len(cfgs) == 1 else \
+                    _measure_group(cfgs, deadline_s, pools)
             except Exception as exc:  # noqa: BLE001 - the sweep goes on; the error is stored
-                rows = [_error_row(cfg, exc)]
+                measured = [[_error_row(cfg, exc)] for cfg in cfgs]
                 if writer:
-                    tqdm.write(f"[{experiment}] point {pid} failed: {str(exc).splitlines()[0][:200]}",
+                    tqdm.write(f"[{experiment}] {', '.join(task)} failed: {str(exc).splitlines()[0][:200]}",
                                file=sys.stderr)
-            meta = {"git_commit": commit, "started_at": started, "point_seconds": time.monotonic() - t0,
-                    "order_seed": order_seed, "run_position": position}
-            if writer:
-                results.write_point(experiment, pid, [{**meta, **row} for row in rows], root)
-            bar.update(1)
+            meta = {"git_commit": commit, "started_at": started, "point_seconds": (time.monotonic() - t0) / len(cfgs),
+                    "order_seed": order_seed, "group": "+".join(task)}
+            for pid, rows in zip(task, measured):
+                collected[pid] += [{**meta, "run_position": positions[pid], **row} for row in rows]
+                tasks_left[pid] -= 1
+                if tasks_left[pid] == 0:
+                    rows = collected.pop(pid)
+                    fine = [row for row in rows if not row.get("error")]
+                    if writer:  # an anchor keeps the tasks that worked; failed in all, it stores the error
+                        results.write_point(experiment, pid, fine or rows[:1], root)
+                    bar.update(1)
     return results.load_results(experiment, root)
 
 
-def _describe(cfg: PointConfig) -> str:
+def _describe(cfgs: list[PointConfig]) -> str:
+    cfg = cfgs[0]
     if isinstance(cfg, ConvergenceConfig):
         return f"{cfg.dataset} batch={cfg.batch_size} sync_every={cfg.sync_every} ranks={cfg.world_size}"
     if isinstance(cfg, AllreduceConfig):
         return f"allreduce {cfg.backend} n={cfg.world_size} k={cfg.params_per_call}"
-    return f"{cfg.model} {cfg.impl} {cfg.backend} n={cfg.world_size} cap={cfg.bucket_cap_mb}MB"
+    text = f"{cfg.model} {cfg.impl} {cfg.backend} n={cfg.world_size} cap={cfg.bucket_cap_mb}MB"
+    return text if len(cfgs) == 1 else f"{cfg.model} {cfg.backend} n={cfg.world_size}, {len(cfgs)} interleaved"

@@ -117,3 +117,63 @@ def test_idle_pools_are_closed_before_a_new_one_starts_when_memory_runs_low(monk
         monkeypatch.setattr(sweep, "available_memory_fraction", lambda: 0.1)
         third = pools.get_for(TrainConfig(world_size=3), None)
         assert list(pools.values()) == [third] and first not in pools.values()
+
+
+def _caps(caps, repeats=1, **kw):
+    from harness.config import validate
+
+    points = [validate(TrainConfig(model="resnet50", bucket_cap_mb=c, repeat=r, **kw)) for r in range(repeats)
+              for c in caps]
+    return sweep.schedule({point_id(p): p for p in points}, seed=0)
+
+
+def test_points_differing_only_in_how_they_train_are_measured_together():
+    points = _caps([0, 5, 25, 1000], repeats=2)
+    alone = {point_id(p): p for p in (TrainConfig(model="resnet50", memory=True), TrainConfig(model="resnet50",
+                                      fault="raise@0"), TrainConfig(model="small", bucket_cap_mb=5.0))}
+    tasks = sweep.interleaved_groups({**points, **alone}, available_bytes=1e12)
+    assert [sorted(points[pid].bucket_cap_mb for pid in task) for task in tasks[:2]] == [[0, 5, 25, 1000]] * 2
+    assert [{points[pid].repeat for pid in task} for task in tasks[:2]] == [{0}, {1}]  # one task per repetition
+    assert [task[0] for task in tasks[:2]] == [next(iter(points)), list(points)[4]]  # where its first point was
+    assert tasks[2:] == [[pid] for pid in alone]  # memory measurement, a fault, another model: alone
+
+
+def test_a_group_too_big_for_memory_shares_its_anchor_between_tasks():
+    points = _caps([0, 1, 5, 25, 100, 1000])
+    per_trainer = 2 * sweep.TRAINER_COPIES["sgd"] * sweep._param_bytes(next(iter(points.values())))
+    tasks = sweep.interleaved_groups(points, available_bytes=3.5 * per_trainer / sweep.MEMORY_SHARE)  # 3 a task
+    anchor = next(pid for pid, p in points.items() if p.bucket_cap_mb == 25)  # torch's default cap
+    assert len(tasks) == 3 and all(task[0] == anchor and len(task) <= 3 for task in tasks)
+    assert sorted(pid for task in tasks for pid in task[1:]) == sorted(set(points) - {anchor})
+    tasks = sweep.interleaved_groups(points, available_bytes=1.5 * per_trainer / sweep.MEMORY_SHARE)
+    assert tasks == [[pid] for pid in points]  # no room for two: each alone
+
+
+def test_interleaved_points_train_as_they_would_alone(tmp_path, monkeypatch):
+    """Three caps in one task (and in two tasks sharing the 25 MiB anchor when memory is short): every point's
+    losses equal its losses measured alone, so no trainer touched another's gradients; each round runs every
+    point once in a fresh order."""
+    base = dict(model="small", world_size=2, iters=3, warmup=1, threads_per_rank=1, timeout_s=60, net="loopback")
+    points = [TrainConfig(bucket_cap_mb=c, **base) for c in (0.0, 25.0, 1000.0)]
+    together = sweep.run_sweep("together", points, root=tmp_path, progress=False)
+    alone = pd.concat([sweep.run_sweep("alone", [p], root=tmp_path / str(i), progress=False)
+                       for i, p in enumerate(points)])
+    key = ["point_id", "rank", "iteration"]
+    merged = together.merge(alone, on=key, suffixes=("", "_alone"))
+    assert len(merged) == len(together) == 3 * 2 * 3 and (together["error"] == "").all()
+    assert (merged["loss"] - merged["loss_alone"]).abs().max() < 1e-6
+    assert together["group"].nunique() == 1 and sorted(together["group"].iloc[0].split("+")) == sorted(
+        together["point_id"].unique())
+    assert (alone["group"] == alone["point_id"]).all()
+    assert alone.get("round_position", pd.Series(dtype=float)).isna().all()
+    rounds = together.groupby(["rank", "iteration"])["round_position"].apply(sorted)
+    assert all(r == [0, 1, 2] for r in rounds)
+    orders = together[together["rank"] == 0].sort_values("round_position").groupby("iteration")["bucket_cap_mb"]
+    assert len({tuple(o) for _, o in orders}) > 1  # shuffled anew each round
+
+    per_trainer = 2 * sweep.TRAINER_COPIES["sgd"] * sweep._param_bytes(points[0])
+    monkeypatch.setattr(sweep, "memory_bytes", lambda: (2.5 * per_trainer / sweep.MEMORY_SHARE, 1e12))
+    split = sweep.run_sweep("split", points, root=tmp_path, progress=False)
+    anchor = split[split["bucket_cap_mb"] == 25]
+    assert anchor["group"].nunique() == 2 and len(anchor) == 2 * 2 * 3  # in both tasks, all rows kept
+    assert split.groupby("bucket_cap_mb")["point_id"].nunique().eq(1).all() and (split["error"] == "").all()

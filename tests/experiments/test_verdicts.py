@@ -1,0 +1,40 @@
+"""Verdicts from interleaved tasks: ratios paired within a task, or through the anchor two tasks share."""
+import numpy as np
+import pandas as pd
+
+from experiments import verdicts
+
+TRUE = {0: 1.30, 5: 1.00, 25: 1.02, 1000: 1.20}  # latency relative to the best cap (5)
+
+
+def _per_task(tasks_per_repeat, seed=0):
+    """Median latency per (cap, repeat, task): the true ratio times a drift of the whole task (0.6x-1.6x)."""
+    rng = np.random.default_rng(seed)
+    rows = []
+    for repeat, tasks in enumerate(tasks_per_repeat):
+        for t, caps in enumerate(tasks):
+            drift = rng.uniform(0.6, 1.6)
+            rows += [dict(cap=c, repeat=repeat, task=f"r{repeat}t{t}", ms=500 * TRUE[c] * drift) for c in caps]
+    return pd.DataFrame(rows).set_index(["cap", "repeat", "task"])["ms"]
+
+
+def test_ratios_inside_a_task_and_through_the_anchor_cancel_the_drift_of_tasks():
+    per_task = _per_task([[[25, 0, 5], [25, 1000]], [[25, 1000, 0], [25, 5]], [[25, 5, 1000, 0]]])
+    assert np.allclose(verdicts.paired_ratios(per_task, 0, 5), 1.3)  # together, then via 25, then together
+    assert np.allclose(verdicts.paired_ratios(per_task, 1000, 5), 1.2)
+    best, tied = verdicts.best_options(per_task)
+    assert best == 5 and sorted(tied) == [5, 25]  # 25 is 2% slower: tied; 1000 (20%) and 0 (30%) are not
+
+
+def test_without_tasks_the_ratio_is_of_repetition_medians_and_keeps_the_drift():
+    per_task = _per_task([[[0], [5]], [[0], [5]], [[0], [5]]])
+    paired = verdicts.paired_ratios(per_task, 0, 5)
+    folded = verdicts.paired_ratios(verdicts.per_repeat(per_task), 0, 5)
+    assert np.allclose(paired, folded) and not np.allclose(paired, 1.3)  # nothing measured together: drift stays
+
+
+def test_an_anchor_measured_in_several_tasks_counts_once_per_repetition():
+    per_task = _per_task([[[25, 0], [25, 5]], [[25, 0], [25, 5]]])
+    per_repeat = verdicts.per_repeat(per_task)
+    assert list(per_repeat.xs(25).index) == [0, 1]
+    assert verdicts.spread(per_repeat.xs(25)).n == 2
