@@ -1,6 +1,6 @@
 """Figure 7: per-iteration latency vs gradient bucket size (paper Section 5.2, 16 GPUs).
 
-    make fig7                                   CPU default: Gloo, 2 ranks, 3 repetitions (~6.5 min + setup)
+    make fig7                                   CPU default: Gloo, 2 ranks, 3 repetitions (~7.5 min + setup)
     make fig7 ARGS="--world_size=4"             any override of Config below
     python -m experiments fig7 --bucket_caps_mb=0,5,25 --models=resnet50
     torchrun --nproc-per-node=8 --nnodes=2 ... -m experiments fig7 --world_size=16 --profile=paper
@@ -32,8 +32,8 @@ class Config(common.ModelSweep):
     world_size: int = 2
     bucket_caps_mb: tuple[float, ...] = (0, 1, 5, 25, 100, 1000)
     impl: str = "ours"
-    iters: int = 4  # per repetition: 3 repetitions x 4 keep `make fig7` under 10 minutes on 2 cores (README)
-    warmup: int = 1  # the first iteration rebuilds the buckets; the second already runs the final layout
+    iters: int = 3  # per repetition: 3 repetitions x (2 + 3) keep `make fig7` under 10 minutes on 2 cores (README)
+    warmup: int = 2  # the first iteration rebuilds the buckets; the second, first on them, still runs slow
     cluster: str = paper_scale.DEFAULT_CLUSTER  # the simulated panel at the paper's scale ('' = none)
 
 
@@ -92,7 +92,8 @@ def bucket_verdicts(df, cfg: Config) -> dict:
 def summarize(df, cfg: Config) -> str:
     claim = PAPER["best_vs_worst_speedup"]
     lines = [f"{model}/{backend}: best cap {common.fmt_mb(v['best'])} MiB, {v['best_ms'].fmt()}; tied with it (within "
-             f"{verdicts.EQUIVALENT:.0%}): {', '.join(common.fmt_mb(c) for c in v['tied'])} MiB; worst {common.fmt_mb(v['worst'])} MiB; "
+             f"{verdicts.EQUIVALENT:.0%}): {', '.join(common.fmt_mb(c) for c in v['tied'])} MiB; "
+             f"worst {common.fmt_mb(v['worst'])} MiB; "
              f"best vs worst {v['gain'].fmt('x', 2)} (paper: >{claim:.0f}x, {verdicts.verdict(v['gain'], claim)})"
              for (model, backend), v in bucket_verdicts(df, cfg).items()]
     return "\n".join(lines) or "no results"

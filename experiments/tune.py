@@ -84,7 +84,8 @@ def report(out: dict) -> str:
             ratio = verdicts.spread(verdicts.paired_ratios(per, cap, best))
             lines.append(f"measured {name} {cap:g} MiB: {verdicts.spread(verdicts.per_repeat(per).xs(cap)).fmt()}, "
                          f"{ratio.fmt('x', 3)} of the best measured ({best:g} MiB)")
-        lines.append(f"caps tied with the best (within {verdicts.EQUIVALENT:.0%}): {', '.join(f'{c:g}' for c in tied)} MiB; "
+        lines.append(f"caps tied with the best (within {verdicts.EQUIVALENT:.0%}): "
+                     f"{', '.join(f'{c:g}' for c in tied)} MiB; "
                      f"the recommendation is {'among' if rec in tied else 'NOT among'} them")
     return "\n".join(lines)
 

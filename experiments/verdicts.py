@@ -16,7 +16,7 @@ import pandas as pd
 
 from harness import stats
 
-EQUIVALENT = 0.05  # a setting within 5% of the best counts as tied with it (best_options)
+EQUIVALENT = 0.10  # a setting within 10% of the best counts as tied with it (best_options)
 
 
 def task_medians(ok: pd.DataFrame, keys: list[str], value: str = "total_ms", agg: str = "median") -> pd.Series:
@@ -83,21 +83,25 @@ def paired_ratios(per_task: pd.Series, option, reference) -> np.ndarray:
     table = per_task.unstack(0)  # (repeat, task) x option
     ratios = []
     for _, tasks in table.groupby(level="repeat"):
-        if tasks[option].isna().all() or tasks[reference].isna().all():
-            continue
-        ratios.append(_ratio_in_repeat(tasks.droplevel("repeat"), option, reference))
+        column = {o: tasks.iloc[:, i] for i, o in enumerate(tasks.columns)}  # options may be booleans: no masks
+        if column[option].notna().any() and column[reference].notna().any():
+            ratios.append(_ratio_in_repeat(column, option, reference))
     return np.asarray(ratios)
 
 
-def _ratio_in_repeat(tasks: pd.DataFrame, option, reference) -> float:
-    together = tasks[[option, reference]].dropna()
-    if len(together):
-        return float(np.median(together[option] / together[reference]))
-    for anchor in tasks.columns.drop([option, reference]):
-        via_o, via_r = tasks[[option, anchor]].dropna(), tasks[[reference, anchor]].dropna()
-        if len(via_o) and len(via_r):
-            return float(np.median(via_o[option] / via_o[anchor]) / np.median(via_r[reference] / via_r[anchor]))
-    return float(tasks[option].median() / tasks[reference].median())
+def _ratio_in_repeat(column: dict, option, reference) -> float:
+    def median_ratio(a, b):
+        both = column[a].notna() & column[b].notna()
+        return float(np.median(column[a][both] / column[b][both])) if both.any() else None
+
+    direct = median_ratio(option, reference)
+    if direct is not None:
+        return direct
+    for anchor in column:
+        via_o, via_r = median_ratio(option, anchor), median_ratio(reference, anchor)
+        if anchor not in (option, reference) and via_o is not None and via_r is not None:
+            return via_o / via_r
+    return float(column[option].median() / column[reference].median())
 
 
 def levels(per_task: pd.Series) -> pd.Series:

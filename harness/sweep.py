@@ -58,7 +58,7 @@ def run_point(cfg: PointConfig, deadline_s: float | None = None, fn=None) -> lis
         cfg = validate(cfg)
         preflight([cfg])
     with contextlib.ExitStack() as pools:
-        return _measure(cfg, deadline_s, _Pools(pools), fn)
+        return _measure([cfg], deadline_s, _Pools(pools), fn)[0]
 
 
 def memory_bytes() -> tuple[float, float]:
@@ -103,17 +103,13 @@ class _Pools(dict):
         return self[key]
 
 
-def _measure(cfg: PointConfig, deadline_s: float | None, pools: _Pools, fn=None) -> list[dict]:
-    """Run a validated point on its pool's ranks (behind an emulated link where its ``net`` asks) and return
-    their rows with the config columns and the network that was used."""
-    fn = fn or {TrainConfig: run_training_point, ConvergenceConfig: run_convergence_point,
-                AllreduceConfig: run_allreduce_point}[type(cfg)]
-    return _measure_group([cfg], deadline_s, pools, fn)[0]
-
-
-def _measure_group(cfgs: list[PointConfig], deadline_s: float | None, pools: _Pools, fn=None) -> list[list[dict]]:
-    """:func:`_measure` for points measured together in one rank task (:func:`interleaved_groups`; ``fn`` given
-    for a single point), returning each point's rows."""
+def _measure(cfgs: list[PointConfig], deadline_s: float | None, pools: _Pools, fn=None) -> list[list[dict]]:
+    """Run validated points on their pool's ranks (behind an emulated link where their ``net`` asks) and return
+    each point's rows (all ranks) with the config columns and the network that was used: one point by its type's
+    rank function (or ``fn``), several in one task by :func:`harness.runner.run_training_points`."""
+    if fn is None and len(cfgs) == 1:
+        fn = {TrainConfig: run_training_point, ConvergenceConfig: run_convergence_point,
+              AllreduceConfig: run_allreduce_point}[type(cfgs[0])]
     cfg = cfgs[0]
     rate_mbit, auto_backward_ms = autorate.point_rate(cfg)  # None = plain loopback; auto is measured (cached)
     task, args = (fn, (cfg,)) if fn else (run_training_points, (cfgs,))
@@ -125,9 +121,12 @@ def _measure_group(cfgs: list[PointConfig], deadline_s: float | None, pools: _Po
         per_rank = pools.get_for(cfg, rate_mbit).run(task, args, deadline_s)
     per_rank = per_rank if not fn else [[rows] for rows in per_rank]  # rank -> point -> rows
     network = {"net_rate_mbit": math.nan if rate_mbit is None else rate_mbit, "net_auto_backward_ms": auto_backward_ms}
-    return [[{**config_columns(c), **network, "net_auto_loopback": auto_net_is_loopback(
-        type(c).__name__, c.backend, c.world_size, getattr(c, "impl", "")), **row} for rank in per_rank for row in rank[k]]
-            for k, c in enumerate(cfgs)]
+    out = []
+    for k, c in enumerate(cfgs):
+        columns = {**config_columns(c), **network, "net_auto_loopback": auto_net_is_loopback(
+            type(c).__name__, c.backend, c.world_size, getattr(c, "impl", ""))}
+        out.append([{**columns, **row} for rank in per_rank for row in rank[k]])
+    return out
 
 
 def _error_row(cfg: PointConfig, exc: BaseException) -> dict:
@@ -200,10 +199,12 @@ def interleaved_groups(points: dict[str, PointConfig], available_bytes: float) -
 
 
 def _tasks(members: list[str], points: dict[str, PointConfig], available_bytes: float) -> list[list[str]]:
+    if len(members) == 1:
+        return [members]
     cfg = points[members[0]]
     trainer_bytes = cfg.world_size * TRAINER_COPIES[cfg.optimizer] * _param_bytes(cfg)
     size = int(MEMORY_SHARE * available_bytes // trainer_bytes)
-    if len(members) <= max(size, 1):
+    if len(members) <= size:
         return [members]
     if size < 2:
         return [[pid] for pid in members]
@@ -272,8 +273,7 @@ def run_sweep(experiment: str, points: Sequence[PointConfig], *, root: str | os.
             started = datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")
             t0 = time.monotonic()
             try:
-                measured = [_measure(cfgs[0], deadline_s, pools)] if len(cfgs) == 1 else \
-                    _measure_group(cfgs, deadline_s, pools)
+                measured = _measure(cfgs, deadline_s, pools)
             except Exception as exc:  # noqa: BLE001 - the sweep goes on; the error is stored
                 measured = [[_error_row(cfg, exc)] for cfg in cfgs]
                 if writer:
