@@ -16,7 +16,6 @@ import datetime
 import gc
 import math
 import os
-import random
 import sys
 import time
 from dataclasses import dataclass
@@ -35,7 +34,7 @@ from harness.launch import BACKENDS, RankContext, check_backend, launch
 from harness.memory import PeakMeter, current_bytes
 from harness.models import input_spec, make_inputs, seeded_model
 from harness.results import git_commit, results_root, write_csv_atomic
-from harness.runner import machine_metadata, timed_iteration
+from harness.runner import machine_metadata, round_order, timed_iteration
 from harness.systems import wrap
 from harness.stats import bootstrap_median_ci, pooled_geomean_ci, ratio_of_medians_ci
 
@@ -128,7 +127,7 @@ def latency_job(ctx: RankContext, name: str, cap_mb: float, cfg: BenchConfig) ->
     for rnd in range(cfg.warmup + cfg.iters):
         if rnd == cfg.warmup:  # buckets are final now: the allreduce reference uses their sizes
             buffers = [torch.zeros(b.numel, dtype=b.dtype, device=b.device) for b in ours.reducer.buckets]
-        for variant in random.Random(cfg.seed * 1000 + rnd).sample(ORDER, len(ORDER)):
+        for variant in round_order(ORDER, rnd, cfg.seed):
             if variant == "allreduce":
                 if buffers:
                     samples.append(dict(variant=variant, round=rnd - cfg.warmup, **_allreduce_all(buffers, ctx)))

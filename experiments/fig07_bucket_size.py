@@ -76,25 +76,29 @@ def draw(df, cfg: Config, name: str, paper: dict):
 
 
 def bucket_verdicts(df, cfg: Config) -> dict:
-    """(model, backend) -> the best cap, the caps tied with it (``verdicts.best_options``), the worst cap, the best
+    """(model, backend) -> the caps ranked against the best (``verdicts.rank_options``), the worst cap, the best
     cap's latency and best vs worst (Spreads over repetitions, each ratio paired by ``verdicts.paired_ratios``)."""
     out = {}
     for (model, backend), series in task_medians(df, cfg).groupby(level=[0, 1]):
         per_cap = series.droplevel([0, 1])
-        best, tied = verdicts.best_options(per_cap)
+        ranking = verdicts.rank_options(per_cap)
         worst = verdicts.levels(per_cap).idxmax()
-        out[(model, backend)] = dict(best=best, tied=sorted(tied), worst=worst,
-                                     best_ms=verdicts.spread(verdicts.per_repeat(per_cap).xs(best)),
-                                     gain=verdicts.spread(verdicts.paired_ratios(per_cap, worst, best)))
+        out[(model, backend)] = dict(ranking=ranking, worst=worst,
+                                     best_ms=verdicts.spread(verdicts.per_repeat(per_cap).xs(ranking.best)),
+                                     gain=verdicts.spread(verdicts.paired_ratios(per_cap, worst, ranking.best)))
     return out
 
 
 def summarize(df, cfg: Config) -> str:
     claim = PAPER["best_vs_worst_speedup"]
-    lines = [f"{model}/{backend}: best cap {common.fmt_mb(v['best'])} MiB, {v['best_ms'].fmt()}; tied with it (within "
-             f"{verdicts.EQUIVALENT:.0%}): {', '.join(common.fmt_mb(c) for c in v['tied'])} MiB; "
-             f"worst {common.fmt_mb(v['worst'])} MiB; "
-             f"best vs worst {v['gain'].fmt('x', 2)} (paper: >{claim:.0f}x, {verdicts.verdict(v['gain'], claim)})"
+
+    def caps(values):
+        return ", ".join(common.fmt_mb(c) for c in values) + " MiB" if values else "none"
+
+    lines = [f"{model}/{backend}: best cap {common.fmt_mb(v['ranking'].best)} MiB, {v['best_ms'].fmt()}; tied with it "
+             f"(within {verdicts.EQUIVALENT:.0%}): {caps(v['ranking'].tied)}; not resolved: "
+             f"{caps(v['ranking'].unresolved)}; worse: {caps(v['ranking'].worse)}; worst {common.fmt_mb(v['worst'])} "
+             f"MiB; best vs worst {v['gain'].fmt('x', 2)} (paper: >{claim:.0f}x, {verdicts.verdict(v['gain'], claim)})"
              for (model, backend), v in bucket_verdicts(df, cfg).items()]
     return "\n".join(lines) or "no results"
 

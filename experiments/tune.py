@@ -78,13 +78,14 @@ def report(out: dict) -> str:
              f" ms; torch's default 25 MiB predicted {out['predicted'].get(DEFAULT_CAP_MB, np.nan):.0f} ms)"]
     per = out["measured"]
     if per is not None and len(per):
-        best, tied = verdicts.best_options(per)
+        ranking = verdicts.rank_options(per)
+        best, tied = ranking.best, ranking.not_worse
         rec, default = out["recommended_mb"], DEFAULT_CAP_MB
         for name, cap in (("recommended", rec), ("torch's default", default)):
             ratio = verdicts.spread(verdicts.paired_ratios(per, cap, best))
             lines.append(f"measured {name} {cap:g} MiB: {verdicts.spread(verdicts.per_repeat(per).xs(cap)).fmt()}, "
                          f"{ratio.fmt('x', 3)} of the best measured ({best:g} MiB)")
-        lines.append(f"caps tied with the best (within {verdicts.EQUIVALENT:.0%}): "
+        lines.append(f"caps not worse than the best beyond {verdicts.EQUIVALENT:.0%}: "
                      f"{', '.join(f'{c:g}' for c in tied)} MiB; "
                      f"the recommendation is {'among' if rec in tied else 'NOT among'} them")
     return "\n".join(lines)

@@ -16,7 +16,7 @@ import pandas as pd
 
 from harness import stats
 
-EQUIVALENT = 0.10  # a setting within 10% of the best counts as tied with it (best_options)
+EQUIVALENT = 0.10  # a setting within 10% of the best counts as tied with it (rank_options)
 
 
 def task_medians(ok: pd.DataFrame, keys: list[str], value: str = "total_ms", agg: str = "median") -> pd.Series:
@@ -112,16 +112,34 @@ def levels(per_task: pd.Series) -> pd.Series:
     return pd.Series([float(np.median(paired_ratios(per_task, o, reference))) for o in options], index=options)
 
 
-def best_options(per_task: pd.Series) -> tuple[object, list]:
-    """The option (first index level) with the lowest :func:`levels`, and every option tied with it: the 95%
-    interval of its paired ratio to the best (:func:`paired_ratios`, over repetitions) reaches
-    1 + :data:`EQUIVALENT`. A smaller difference is not one to choose a setting by, and a 10-minute run on this
-    machine does not resolve it (REPRODUCTION.md, fig 7 notes)."""
+class Ranking(NamedTuple):
+    """Options against the best, by the 95% interval of their paired ratio to it (over repetitions): ``tied``
+    (the best included) lies within 1 + :data:`EQUIVALENT`, ``worse`` beyond it, ``unresolved`` straddles it. Two
+    runs agree within their uncertainty when no option is tied in one and worse in the other."""
+
+    best: object
+    tied: list
+    unresolved: list
+    worse: list
+
+    @property
+    def not_worse(self) -> list:
+        return sorted(self.tied + self.unresolved)
+
+
+def rank_options(per_task: pd.Series) -> Ranking:
+    """The option (first index level) with the lowest :func:`levels`, and every option classed against it
+    (:class:`Ranking`). Differences under :data:`EQUIVALENT` are not ones to choose a setting by, and a 10-minute
+    run on this machine does not resolve them (REPRODUCTION.md, fig 7 notes)."""
     level = levels(per_task)
     best = level.idxmin()
-    tied = [o for o in level.index
-            if o == best or spread(paired_ratios(per_task, o, best)).lo <= 1.0 + EQUIVALENT]
-    return best, tied
+    classes: dict[str, list] = {"tied": [], "unresolved": [], "worse": []}
+    for option in sorted(level.index):
+        ratio = spread(paired_ratios(per_task, option, best))
+        kind = ("tied" if option == best or ratio.hi <= 1 + EQUIVALENT else
+                "worse" if ratio.lo > 1 + EQUIVALENT else "unresolved")
+        classes[kind].append(option)
+    return Ranking(best, **classes)
 
 
 def verdict(measured: Spread, threshold: float) -> str:

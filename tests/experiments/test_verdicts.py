@@ -22,8 +22,17 @@ def test_ratios_inside_a_task_and_through_the_anchor_cancel_the_drift_of_tasks()
     per_task = _per_task([[[25, 0, 5], [25, 1000]], [[25, 1000, 0], [25, 5]], [[25, 5, 1000, 0]]])
     assert np.allclose(verdicts.paired_ratios(per_task, 0, 5), 1.3)  # together, then via 25, then together
     assert np.allclose(verdicts.paired_ratios(per_task, 1000, 5), 1.2)
-    best, tied = verdicts.best_options(per_task)
-    assert best == 5 and sorted(tied) == [5, 25]  # 25 is 2% slower: tied; 1000 (20%) and 0 (30%) are not
+    ranking = verdicts.rank_options(per_task)
+    assert ranking == (5, [5, 25], [], [0, 1000])  # 25 is 2% slower: tied; 1000 (20%) and 0 (30%) are worse
+
+
+def test_an_option_whose_interval_straddles_the_margin_is_not_resolved():
+    ratios = {5: [1.0, 1.0, 1.0], 25: [1.02, 1.04, 1.03], 1: [1.05, 1.14, 1.09], 0: [1.25, 1.3, 1.2]}
+    per_task = pd.DataFrame([dict(cap=c, repeat=r, task=f"t{r}", ms=100 * x) for c, xs in ratios.items()
+                             for r, x in enumerate(xs)]).set_index(["cap", "repeat", "task"])["ms"]
+    ranking = verdicts.rank_options(per_task)
+    assert (ranking.best, ranking.tied, ranking.unresolved, ranking.worse) == (5, [5, 25], [1], [0])
+    assert ranking.not_worse == [1, 5, 25]
 
 
 def test_without_tasks_the_ratio_is_of_repetition_medians_and_keeps_the_drift():
