@@ -16,7 +16,7 @@ import pandas as pd
 
 from harness import stats
 
-EQUIVALENT = 0.10  # a setting within 10% of the best counts as tied with it (rank_options)
+EQUIVALENT = 0.05  # a setting within 5% of the best counts as tied with it (rank_options)
 
 
 def task_medians(ok: pd.DataFrame, keys: list[str], value: str = "total_ms", agg: str = "median") -> pd.Series:

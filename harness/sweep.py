@@ -143,14 +143,15 @@ def _pending(experiment: str, ids: list[str], root, retry_errors: bool) -> set[s
     return {pid for pid in ids if pid not in stored}
 
 
-def _agree_on_pending(pending: set[str], backend: str, timeout_s: float) -> set[str]:
-    """Under torchrun only rank 0's file system counts: broadcast its view to every rank."""
+def _agree(pending: set[str], available_bytes: float, backend: str, timeout_s: float) -> tuple[set[str], float]:
+    """Under torchrun only rank 0's file system counts, and every rank must form the same tasks: broadcast rank
+    0's pending points and available memory to every rank."""
     import torch.distributed as dist
 
     init_in_place(backend, timeout_s)
-    box = [sorted(pending)]
+    box = [sorted(pending), available_bytes]
     dist.broadcast_object_list(box, src=0)
-    return set(box[0])
+    return set(box[0]), box[1]
 
 
 def schedule(points: dict[str, PointConfig], seed: int) -> dict[str, PointConfig]:
@@ -171,8 +172,9 @@ INTERLEAVED_FIELDS = ("impl", "bucket_cap_mb", "overlap", "sync_every", "round_r
                       "gradient_as_bucket_view")  # what points measured together may differ in
 INTERLEAVED_IMPLS = ("ours", "torch", "local")  # systems that can share ranks with others (no global set-up)
 MEMORY_SHARE = 0.5  # of the memory available when a group starts, for the group's trainers
-TRAINER_COPIES = {"sgd": 3, "adam": 5}  # parameter-sized tensors a trainer holds: weights, gradients, buckets (+ Adam's
-# two moments; the runner's SGD has no momentum). BERT-base at 2 ranks: 1.35 GB a trainer and rank, measured
+# Parameter-sized tensors a trainer holds: weights, gradients and buckets, plus Adam's two moments (the runner's SGD
+# has no momentum). Measured: BERT-base at 2 ranks, 1.35 GB a trainer and rank (3.1 copies).
+TRAINER_COPIES = {"sgd": 3, "adam": 5}
 
 
 def interleaved_groups(points: dict[str, PointConfig], available_bytes: float) -> list[list[str]]:
@@ -182,7 +184,7 @@ def interleaved_groups(points: dict[str, PointConfig], available_bytes: float) -
     :data:`MEMORY_SHARE` of ``available_bytes`` is split into tasks that all measure one common point, the
     anchor (the one with the fields' defaults, e.g. torch's 25 MiB cap, else the first): two points of different
     tasks compare through their ratios to it (``experiments.verdicts.paired_ratios``), and the anchor's rows
-    hold every task's. Points measuring memory or with a fault run alone."""
+    hold every task's. Points measuring memory, tracing buckets, with a fault or of another system run alone."""
     groups: dict[object, list[str]] = {}
     order: list[list[str]] = []
     for pid, cfg in points.items():
@@ -251,10 +253,10 @@ def run_sweep(experiment: str, points: Sequence[PointConfig], *, root: str | os.
         return plan
     with refusing():
         preflight(unique[pid] for pid in pending)  # the machine, once: GPUs, namespaces, data on disk
-    writer = True
+    writer, available = True, memory_bytes()[0]
     if in_place() and unique:
         first = next(iter(unique.values()))
-        pending = _agree_on_pending(pending, first.backend, first.timeout_s)
+        pending, available = _agree(pending, available, first.backend, first.timeout_s)
         writer = is_writer()
     commit = results.git_commit() if writer else ""
     bar = tqdm(total=len(unique), desc=experiment, unit="point", disable=not (progress and writer),
@@ -264,7 +266,7 @@ def run_sweep(experiment: str, points: Sequence[PointConfig], *, root: str | os.
         bar.update(len(unique) - len(pending))
         positions = {pid: position for position, pid in enumerate(unique)}
         todo = {pid: cfg for pid, cfg in unique.items() if pid in pending}
-        tasks = interleaved_groups(todo, memory_bytes()[0])
+        tasks = interleaved_groups(todo, available)
         tasks_left = collections.Counter(pid for task in tasks for pid in task)  # an anchor is in several
         collected: dict[str, list[dict]] = collections.defaultdict(list)
         for task in tasks:
