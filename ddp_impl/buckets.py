@@ -56,9 +56,11 @@ class Bucket:
 
 
 def mb_to_bytes(mb: float) -> int:
+    """A cap in MiB as bytes; a finite cap too large for a float of bytes (> ~1e302 MiB) means one bucket, as
+    any cap larger than the model does."""
     if not 0 <= mb < math.inf:
         raise ValueError(f"bucket caps must be finite and >= 0 MB, got {mb}")
-    return int(mb * MIB)
+    return int(min(mb * MIB, sys.maxsize))
 
 
 def assign_buckets(specs: Sequence[ParamSpec], cap_bytes: int | Sequence[int], first_cap_bytes: int | None = None,

@@ -61,7 +61,10 @@ def draw(df, cfg: Config, name: str, paper: dict):
     unavailable = common.missing_backends(ok, cfg.backends, cfg.world_size)
 
     def draw(ax, sel, model, backend):
-        common.latency_boxes(ax, sel, "bucket_cap_mb", common.fmt_mb)
+        ranking = verdicts.rank_options(verdicts.task_medians(sel, ["bucket_cap_mb"]))
+        marks = {**{c: "tied" for c in ranking.tied}, **{c: "?" for c in ranking.unresolved},
+                 **{c: "worse" for c in ranking.worse}, ranking.best: "best"}
+        common.latency_boxes(ax, sel, "bucket_cap_mb", lambda c: f"{common.fmt_mb(c)}\n{marks[c]}")
         grad_mib = sel["num_params"].iloc[0] * 4 / 2**20
         ax.set_title(f"{model} / {backend} (gradients: {grad_mib:.3g} MiB)", fontsize=10)
         ax.set_xlabel("bucket cap (MiB); 0 = one bucket per parameter")
@@ -70,7 +73,9 @@ def draw(df, cfg: Config, name: str, paper: dict):
     simulated = cfg.cluster and (lambda ax, model: paper_scale.draw_caps(ax, cfg.cluster, model, gpus,
                                                                          cfg.bucket_caps_mb))
     fig = common.model_backend_panels(ok, cfg.models, cfg.backends, unavailable, draw, simulated=simulated)
-    note = common.BOXES_NOTE + paper_scale.caption(cfg.cluster)
+    note = (common.BOXES_NOTE + f". Under each cap, against the best (95% interval of the paired ratio over "
+            f"repetitions): tied = within {verdicts.EQUIVALENT:.0%}, worse = beyond, ? = not resolved"
+            + paper_scale.caption(cfg.cluster))
     return common.finish(fig, f"Figure {name[3:]}: per-iteration latency vs bucket size, {common.ranks(cfg)}",
                          f"{paper['setup']}; {paper['claim']}", ok, note, unavailable=unavailable)
 

@@ -16,8 +16,11 @@ so a cluster prediction is as good as these numbers and the simulator's validati
 """
 from __future__ import annotations
 
+import dataclasses
 import functools
+import json
 from dataclasses import dataclass, field, replace
+from pathlib import Path
 
 import torch
 
@@ -127,8 +130,27 @@ class FlopProfile:
     buffer_bytes: int
 
 
+STORED_FLOPS = Path(__file__).with_name("flop_profiles.json")  # count_flops of the figures' models, this torch
+
+
 @functools.lru_cache(maxsize=None)
 def flop_profile(model: str) -> FlopProfile:
+    """:func:`count_flops`, read from :data:`STORED_FLOPS` where it holds this model for this torch (counting takes
+    ~12 s a model, which every figure with a simulated panel would pay)."""
+    stored = json.loads(STORED_FLOPS.read_text()) if STORED_FLOPS.exists() else {}
+    entry = stored.get(f"{model} torch {torch.__version__}")
+    return FlopProfile(**{k: tuple(v) if isinstance(v, list) else v for k, v in entry.items()}) if entry else \
+        count_flops(model)
+
+
+def store_flop_profiles(models=("resnet50", "bert-base")) -> None:
+    """Write :data:`STORED_FLOPS` for ``models`` (``python -c "import simulator.clusters as c;
+    c.store_flop_profiles()"`` after a torch or model change)."""
+    table = {f"{m} torch {torch.__version__}": dataclasses.asdict(count_flops(m)) for m in models}
+    STORED_FLOPS.write_text("{\n" + ",\n".join(f"{json.dumps(k)}: {json.dumps(v)}" for k, v in table.items()) + "\n}\n")
+
+
+def count_flops(model: str) -> FlopProfile:
     """Counted on one sample on this CPU and scaled to the batch (every counted operation is linear in it)."""
     from torch.utils.flop_counter import FlopCounterMode
 

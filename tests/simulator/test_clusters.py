@@ -6,8 +6,9 @@ import sys
 from pathlib import Path
 
 import pytest
+import torch
 
-from simulator.clusters import CLUSTERS, cluster_calibration, flop_profile
+from simulator.clusters import CLUSTERS, STORED_FLOPS, cluster_calibration, count_flops, flop_profile
 from simulator.predict import Scenario, predict
 
 REPO = Path(__file__).resolve().parents[2]
@@ -83,3 +84,8 @@ def test_predict_command_speaks_for_a_named_cluster():
         bad = _predict(*args)
         assert bad.returncode == 2 and len(bad.stderr.strip().splitlines()) == 1
         assert message in bad.stderr and "Traceback" not in bad.stderr
+
+
+def test_stored_flop_profiles_are_what_counting_gives_with_this_torch():
+    assert f"resnet50 torch {torch.__version__}" in STORED_FLOPS.read_text()  # else: store_flop_profiles()
+    assert flop_profile("resnet50") == count_flops("resnet50")
