@@ -97,9 +97,9 @@ def _ratio_in_repeat(column: dict, option, reference) -> float:
     direct = median_ratio(option, reference)
     if direct is not None:
         return direct
-    for anchor in column:
+    for anchor in [a for a in column if a not in (option, reference)]:
         via_o, via_r = median_ratio(option, anchor), median_ratio(reference, anchor)
-        if anchor not in (option, reference) and via_o is not None and via_r is not None:
+        if via_o is not None and via_r is not None:
             return via_o / via_r
     return float(column[option].median() / column[reference].median())
 

@@ -16,10 +16,9 @@ so a cluster prediction is as good as these numbers and the simulator's validati
 """
 from __future__ import annotations
 
-import dataclasses
 import functools
 import json
-from dataclasses import dataclass, field, replace
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 
 import torch
@@ -138,7 +137,7 @@ def flop_profile(model: str) -> FlopProfile:
     """:func:`count_flops`, read from :data:`STORED_FLOPS` where it holds this model for this torch (counting takes
     ~12 s a model, which every figure with a simulated panel would pay)."""
     stored = json.loads(STORED_FLOPS.read_text()) if STORED_FLOPS.exists() else {}
-    entry = stored.get(f"{model} torch {torch.__version__}")
+    entry = stored.get(_stored_key(model))
     return FlopProfile(**{k: tuple(v) if isinstance(v, list) else v for k, v in entry.items()}) if entry else \
         count_flops(model)
 
@@ -146,8 +145,12 @@ def flop_profile(model: str) -> FlopProfile:
 def store_flop_profiles(models=("resnet50", "bert-base")) -> None:
     """Write :data:`STORED_FLOPS` for ``models`` (``python -c "import simulator.clusters as c;
     c.store_flop_profiles()"`` after a torch or model change)."""
-    table = {f"{m} torch {torch.__version__}": dataclasses.asdict(count_flops(m)) for m in models}
+    table = {_stored_key(m): asdict(count_flops(m)) for m in models}
     STORED_FLOPS.write_text("{\n" + ",\n".join(f"{json.dumps(k)}: {json.dumps(v)}" for k, v in table.items()) + "\n}\n")
+
+
+def _stored_key(model: str) -> str:
+    return f"{model} torch {torch.__version__}"
 
 
 def count_flops(model: str) -> FlopProfile:
