@@ -15,7 +15,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from experiments import common
+from experiments import common, verdicts
 from harness import AllreduceConfig, TrainConfig
 
 FIGURE = "fig2"
@@ -64,7 +64,7 @@ def plot(df, cfg: Config):
     comm, compute = _split(df, cfg)
     unavailable = common.missing_backends(comm, cfg.backends, max(cfg.world_sizes))
     backends = common.shown_backends(cfg.backends, unavailable)
-    fig, axes = common.grid([""], backends)
+    fig, axes = common.grid([""], backends, width=6.5)  # wide enough for the legend beside the falling curve
     for c, backend in enumerate(backends):
         ax = axes[0][c]
         sel = comm[comm["backend"] == backend]
@@ -72,6 +72,9 @@ def plot(df, cfg: Config):
             common.mark_unavailable(ax, unavailable.get(backend, f"no results for {backend}"))
             continue
         common.median_lines(ax, sel, "params_per_call", "total_ms", "world_size", label=lambda n: f"{n} ranks")
+        per_repeat = verdicts.repeat_medians(sel, ["world_size", "params_per_call"])
+        ax.plot(per_repeat.index.get_level_values(1), per_repeat.values, "o", ms=3, color="C3", alpha=0.8,
+                label="median of one repetition")
         device = "GPU" if backend == "nccl" else "CPU"
         bwd = compute[compute["device_name"].ne("cpu") == (backend == "nccl")]["backward_compute_ms"]
         if not bwd.empty:
@@ -87,21 +90,25 @@ def plot(df, cfg: Config):
         ax.set_title(f"{backend}: allreduce {cfg.total_params / 1e6:.1f}M float32 parameters", fontsize=10)
         ax.set_xlabel("parameters per allreduce call (k)")
         ax.set_ylabel("total time (ms)")
-        ax.legend(fontsize=8)
+        ax.legend(fontsize=7, loc="upper right")  # the curve falls from the upper left
     return common.finish(fig, "Figure 2: communication granularity vs backward computation", PAPER["claim"], comm,
                          unavailable=unavailable)
 
 
 def summarize(df, cfg: Config) -> str:
+    """Smallest vs largest calls per backend and world size, each with its spread over repetitions; their ratio
+    is taken repetition by repetition."""
     comm, compute = _split(df, cfg)
     lines = []
     for (backend, n), sel in comm.groupby(["backend", "world_size"]):
-        med = sel.groupby("params_per_call")["total_ms"].median()
+        per_repeat = verdicts.repeat_medians(sel, ["params_per_call"])
+        small, large = per_repeat.index.get_level_values(0).min(), per_repeat.index.get_level_values(0).max()
+        ratio = verdicts.paired_ratios(per_repeat, small, large)
         bus = sel.groupby("params_per_call")["busbw_gbps"].median()
-        lines.append(f"{backend}, {n} ranks: {med.iloc[0]:.0f} ms in calls of {med.index[0]:,} params vs "
-                     f"{med.iloc[-1]:.0f} ms in calls of {med.index[-1]:,} ({med.iloc[0] / med.iloc[-1]:.1f}x); "
-                     f"busbw {bus.iloc[0]:.2f} -> {bus.iloc[-1]:.2f} GB/s")
+        lines.append(f"{backend}, {n} ranks: {verdicts.spread(per_repeat.xs(small)).fmt()} in calls of {small:,} "
+                     f"params vs {verdicts.spread(per_repeat.xs(large)).fmt()} in calls of {large:,} "
+                     f"({verdicts.spread(ratio).fmt('x', 1)}); busbw {bus[small]:.2f} -> {bus[large]:.2f} GB/s")
     if not compute.empty:
-        lines.append(f"{cfg.compute_model} backward compute (1 rank): "
-                     f"{compute['backward_compute_ms'].median():.0f} ms")
+        bwd = verdicts.repeat_medians(compute, ["model"], "backward_compute_ms").xs(cfg.compute_model)
+        lines.append(f"{cfg.compute_model} backward compute (1 rank): {verdicts.spread(bwd).fmt()}")
     return "\n".join(lines) or "no results"

@@ -13,14 +13,18 @@ accumulation: the loss is not divided by n, the learning rate is not changed). D
 (shipped with the package, 80/20 split, standardized), or CIFAR-10 from ``--data_dir`` (never downloaded);
 model: a 64-128-10 MLP (digits) or a small CNN (CIFAR-10); SGD with momentum. The defaults (lr 0.02,
 momentum 0.9, 1600 iterations) were chosen on digits, where every (batch, n) converges well within them;
-CIFAR-10 needs its own ``lr``/``iters``. ``iters`` should be a multiple of every n. Each (batch size, n) is
-one point of 10-20 s on 2 CPU cores, about half of it starting the two ranks (~2 min for all 8).
+CIFAR-10 needs its own ``lr``/``iters``. ``iters`` should be a multiple of every n. Each (batch size, n) runs
+once per seed (model init, split and shuffles; default 3 seeds): the curves are the mean over seeds with the
+range shaded, and every number in the summary carries its range over seeds, so an effect smaller than what a
+different seed does is not read as one. A point is 10-20 s on 2 CPU cores, about half of it starting the two
+ranks (~6 min for the 24 points).
 """
 from __future__ import annotations
 
 from dataclasses import dataclass
 
 import numpy as np
+import pandas as pd
 
 from experiments import common
 from harness import ConvergenceConfig
@@ -48,7 +52,7 @@ class Config:
     lr: float = 0.02
     momentum: float = 0.9
     eval_every: int = 40
-    seed: int = 0
+    seeds: tuple[int, ...] = (0, 1, 2)  # one run per seed; summaries give the range over seeds
     bucket_cap_mb: float = 25
     smooth: int = 50  # plot: rolling-mean window of the training loss, in iterations
 
@@ -56,9 +60,9 @@ class Config:
 def points(cfg: Config) -> list[ConvergenceConfig]:
     return [ConvergenceConfig(dataset=cfg.dataset, data_dir=cfg.data_dir, world_size=cfg.world_size,
                               backend=cfg.backend, batch_size=b, sync_every=n, iters=cfg.iters, lr=cfg.lr,
-                              momentum=cfg.momentum, eval_every=cfg.eval_every, seed=cfg.seed,
+                              momentum=cfg.momentum, eval_every=cfg.eval_every, seed=seed,
                               bucket_cap_mb=cfg.bucket_cap_mb)
-            for b in cfg.batch_sizes for n in cfg.sync_every]
+            for seed in cfg.seeds for b in cfg.batch_sizes for n in cfg.sync_every]
 
 
 def _selected(df, cfg: Config):
@@ -66,24 +70,32 @@ def _selected(df, cfg: Config):
     if ok.empty or "dataset" not in ok.columns:
         return ok.iloc[0:0]
     keep = (ok["dataset"] == cfg.dataset) & (ok["world_size"] == cfg.world_size) & (ok["iters"] == cfg.iters) \
-        & (ok["lr"] == cfg.lr) & (ok["momentum"] == cfg.momentum) & (ok["seed"] == cfg.seed) \
+        & (ok["lr"] == cfg.lr) & (ok["momentum"] == cfg.momentum) & ok["seed"].isin(cfg.seeds) \
         & ok["batch_size"].isin(cfg.batch_sizes) & ok["sync_every"].isin(cfg.sync_every)
     return ok[keep]
 
 
 def loss_curves(ok, smooth: int):
-    """(batch_size, sync_every) -> training loss per iteration: mean over ranks, then a rolling mean."""
-    mean = ok.groupby(["batch_size", "sync_every", "iteration"])["loss"].mean()
-    return {key: s.droplevel([0, 1]).rolling(max(1, smooth), min_periods=1).mean()
+    """(batch_size, sync_every) -> training loss, iteration x seed: mean over ranks, then a rolling mean."""
+    mean = ok.groupby(["batch_size", "sync_every", "seed", "iteration"])["loss"].mean()
+    return {key: s.droplevel([0, 1]).unstack("seed").rolling(max(1, smooth), min_periods=1).mean()
             for key, s in mean.groupby(level=[0, 1])}
 
 
 def accuracy_curves(ok):
-    """(batch_size, sync_every) -> test accuracy at the evaluated iterations (rank 0)."""
+    """(batch_size, sync_every) -> test accuracy at the evaluated iterations (rank 0), iteration x seed."""
     ev = ok[ok["test_accuracy"].notna()]
-    return {key: s.droplevel([0, 1])
-            for key, s in ev.groupby(["batch_size", "sync_every", "iteration"])["test_accuracy"].mean()
-            .groupby(level=[0, 1])}
+    mean = ev.groupby(["batch_size", "sync_every", "seed", "iteration"])["test_accuracy"].mean()
+    return {key: s.droplevel([0, 1]).unstack("seed") for key, s in mean.groupby(level=[0, 1])}
+
+
+def _band(ax, curves, scale: float = 1.0, **style):
+    """The mean over seeds as a line, their range shaded."""
+    line, = ax.plot(curves.index + 1, scale * curves.mean(axis=1), **style)
+    if curves.shape[1] > 1:
+        ax.fill_between(curves.index + 1, scale * curves.min(axis=1), scale * curves.max(axis=1),
+                        color=line.get_color(), alpha=0.2, lw=0)
+    return line
 
 
 def plot(df, cfg: Config):
@@ -91,6 +103,8 @@ def plot(df, cfg: Config):
     fig, axes = common.grid(["train loss", "test accuracy"], [str(b) for b in cfg.batch_sizes], width=5.0,
                             height=3.4)
     losses, accs = loss_curves(ok, cfg.smooth), accuracy_curves(ok)
+    seeds = ok["seed"].nunique() if not ok.empty else 0
+    over = f"mean of {seeds} seeds, range shaded" if seeds > 1 else "1 seed"
     for c, batch in enumerate(cfg.batch_sizes):
         top, bottom = axes[0][c], axes[1][c]
         if not any(b == batch for b, _ in losses):
@@ -99,15 +113,16 @@ def plot(df, cfg: Config):
             continue
         for n in cfg.sync_every:
             if (batch, n) in losses:
-                line, = top.plot(losses[batch, n].index + 1, losses[batch, n].values, lw=1.2, label=f"n = {n}")
+                line = _band(top, losses[batch, n], lw=1.2, label=f"n = {n}")
                 if (batch, n) in accs:
-                    acc = accs[batch, n]
-                    bottom.plot(acc.index + 1, 100 * acc.values, marker=".", ms=3, lw=1.0,
-                                color=line.get_color(), label=f"n = {n}")
+                    _band(bottom, accs[batch, n], 100, marker=".", ms=3, lw=1.0, color=line.get_color(),
+                          label=f"n = {n}")
         top.set_yscale("log")
-        top.set_title(f"per-rank batch {batch}: training loss (smoothed over {cfg.smooth} it.)", fontsize=9)
-        bottom.set_title(f"per-rank batch {batch}: test accuracy (rank 0)", fontsize=9)
-        values = np.concatenate([100 * a.values for (b, _), a in accs.items() if b == batch] or [np.array([])])
+        top.set_title(f"per-rank batch {batch}: training loss (smoothed over {cfg.smooth} it.; {over})", fontsize=9)
+        bottom.set_title(f"per-rank batch {batch}: test accuracy (rank 0; {over})", fontsize=9)
+        values = np.concatenate([100 * a.to_numpy().ravel() for (b, _), a in accs.items() if b == batch]
+                                or [np.array([])])
+        values = values[~np.isnan(values)]
         if len(values):  # zoom on where the curves end up; the first evaluations may sit far below
             bottom.set_ylim(max(0.0, np.percentile(values, 10) - 5), min(100.5, values.max() + 1))
         for ax, ylabel in ((top, "cross-entropy loss"), (bottom, "test accuracy (%)")):
@@ -120,18 +135,25 @@ def plot(df, cfg: Config):
                          PAPER["claim"], ok, f". Paper setup: {PAPER['setup']}")
 
 
-def _final(ok, cfg: Config):
-    """(batch, n) -> (mean training loss over the last 10% of iterations, early loss, last test accuracy)."""
-    out = {}
+def _final(ok, cfg: Config) -> pd.DataFrame:
+    """Per (batch_size, sync_every, seed): mean training loss over the last 10% of iterations (``loss``), over
+    the first 25% (``early``), and the last test accuracy (``acc``)."""
     tail_from = cfg.iters - max(1, cfg.iters // 10)
     early_to = max(1, cfg.iters // 4)
-    accs = accuracy_curves(ok)
-    for (batch, n), sel in ok.groupby(["batch_size", "sync_every"]):
-        acc = accs.get((batch, n))
-        out[batch, n] = (sel.loc[sel["iteration"] >= tail_from, "loss"].mean(),
-                         sel.loc[sel["iteration"] < early_to, "loss"].mean(),
-                         acc.iloc[-1] if acc is not None and len(acc) else np.nan)
-    return out
+    keys = ["batch_size", "sync_every", "seed"]
+    out = pd.DataFrame({
+        "loss": ok[ok["iteration"] >= tail_from].groupby(keys)["loss"].mean(),
+        "early": ok[ok["iteration"] < early_to].groupby(keys)["loss"].mean()})
+    ev = ok[ok["test_accuracy"].notna()]
+    last = ev[ev.groupby(keys)["iteration"].transform("max") == ev["iteration"]]
+    return out.join(last.groupby(keys)["test_accuracy"].mean().rename("acc"))
+
+
+def _range(values, fmt: str, scale: float = 1.0) -> str:
+    """Mean over seeds, with [min, max] when there are several."""
+    v = scale * np.asarray(values, dtype=float)
+    text = format(v.mean(), fmt)
+    return text if len(v) < 2 else f"{text} [{format(v.min(), fmt)}, {format(v.max(), fmt)}]"
 
 
 def summarize(df, cfg: Config) -> str:
@@ -139,19 +161,27 @@ def summarize(df, cfg: Config) -> str:
     if ok.empty:
         return "no results"
     final = _final(ok, cfg)
-    lines = [f"{cfg.dataset}, {cfg.world_size} ranks, {cfg.iters} iterations: training loss (mean of the last 10% "
-             f"of iterations; first 25% in brackets) and final test accuracy, per n, vs n = 1"]
+    seeds = final.index.get_level_values("seed").nunique()
+    lines = [f"{cfg.dataset}, {cfg.world_size} ranks, {cfg.iters} iterations, {seeds} seed(s) (mean [min, max] over "
+             "seeds): training loss over the last 10% of iterations, over the first 25%, final test accuracy; "
+             "ratios and differences to n = 1 taken seed by seed"]
     for batch in cfg.batch_sizes:
-        ref = final.get((batch, 1))
+        if batch not in final.index.get_level_values(0):
+            continue
+        per_n = final.xs(batch)
+        ref = per_n.xs(1) if 1 in per_n.index.get_level_values(0) else None
         parts = []
         for n in cfg.sync_every:
-            if (batch, n) not in final:
+            if n not in per_n.index.get_level_values(0):
                 continue
-            loss, early, acc = final[batch, n]
-            text = f"n={n}: loss {loss:.4f} [{early:.3f}], test acc {100 * acc:.1f}%"
+            f = per_n.xs(n)
+            text = (f"n={n}: loss {_range(f['loss'], '.4f')}, first 25% {_range(f['early'], '.3f')}, "
+                    f"test acc {_range(f['acc'], '.1f', 100)}%")
             if ref is not None and n != 1:
-                text += f" (loss x{loss / ref[0]:.2f}, acc {100 * (acc - ref[2]):+.1f} pts)"
+                both = f.index.intersection(ref.index)
+                text += (f" (loss x{_range(f.loc[both, 'loss'] / ref.loc[both, 'loss'], '.2f')}, first 25% "
+                         f"x{_range(f.loc[both, 'early'] / ref.loc[both, 'early'], '.2f')}, acc "
+                         f"{_range(f.loc[both, 'acc'] - ref.loc[both, 'acc'], '+.1f', 100)} pts)")
             parts.append(text)
-        if parts:
-            lines.append(f"batch {batch}: " + "; ".join(parts))
+        lines.append(f"batch {batch}: " + "; ".join(parts))
     return "\n".join(lines)

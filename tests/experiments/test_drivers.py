@@ -17,7 +17,7 @@ TINY = {
     "fig8": ["--models=small", "--bucket_caps_mb=0,25", "--world_size=3"],
     "fig9": ["--models=small", "--world_sizes=1,2"],
     "fig10": ["--models=small", "--world_sizes=2", "--sync_every=1,2", "--iters=2"],
-    "fig11": ["--batch_sizes=16", "--sync_every=2", "--iters=8", "--eval_every=4", "--smooth=2"],
+    "fig11": ["--batch_sizes=16", "--sync_every=2", "--iters=8", "--eval_every=4", "--smooth=2", "--seeds=0,1"],
     "fig12": ["--models=small", "--groups=1,3"],
     "zero": ["--models=small", "--world_sizes=1,2", "--systems=torch,zero1,fsdp,deepspeed3"],
 }
