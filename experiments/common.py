@@ -268,6 +268,14 @@ def repeat_dots(ax, per_repeat: pd.Series, options: list) -> None:
         ax.legend(fontsize=7, loc="upper right")
 
 
+def repeat_markers(ax, sel: pd.DataFrame, keys: list[str], x: str) -> None:
+    """Each repetition's median per ``keys`` as a dot at its ``x`` (one of ``keys``), over lines drawn by
+    :func:`median_lines`: the spread between repetitions beside the band within them."""
+    per_repeat = verdicts.repeat_medians(sel, keys)
+    ax.plot(per_repeat.index.get_level_values(x), per_repeat.values, "o", ms=3, color="C3", alpha=0.8,
+            label="median of one repetition")
+
+
 def fmt_mb(mb: float) -> str:
     return "0" if mb == 0 else (f"{mb:g}" if mb < 1000 else f"{mb / 1000:g}k")
 

@@ -72,9 +72,7 @@ def plot(df, cfg: Config):
             common.mark_unavailable(ax, unavailable.get(backend, f"no results for {backend}"))
             continue
         common.median_lines(ax, sel, "params_per_call", "total_ms", "world_size", label=lambda n: f"{n} ranks")
-        per_repeat = verdicts.repeat_medians(sel, ["world_size", "params_per_call"])
-        ax.plot(per_repeat.index.get_level_values(1), per_repeat.values, "o", ms=3, color="C3", alpha=0.8,
-                label="median of one repetition")
+        common.repeat_markers(ax, sel, ["world_size", "params_per_call"], "params_per_call")
         device = "GPU" if backend == "nccl" else "CPU"
         bwd = compute[compute["device_name"].ne("cpu") == (backend == "nccl")]["backward_compute_ms"]
         if not bwd.empty:

@@ -54,6 +54,7 @@ def plot(df, cfg: Config):
     def draw(ax, sel, model, backend):
         common.median_lines(ax, sel, "world_size", "total_ms", "impl",
                             label=lambda k: "no DDP (local): compute only" if k == "local" else f"DDP ({k})")
+        common.repeat_markers(ax, sel, ["impl", "world_size"], "world_size")
         ddp = sel[sel["impl"] != "local"]
         one = ddp.loc[ddp["world_size"] == ddp["world_size"].min(), "total_ms"]
         if len(one):
@@ -72,25 +73,50 @@ def plot(df, cfg: Config):
                          f"{PAPER['setup']}; {PAPER['claim']}", ok, note, unavailable=unavailable)
 
 
-def summarize(df, cfg: Config) -> str:
-    """Per model and backend: DDP latency at the fewest and most ranks (with spread over repetitions), and how
-    much of the growth is compute slowed by sharing the machine (no-DDP latency) vs communication."""
-    per_repeat = verdicts.repeat_medians(_selected(df, cfg), ["model", "backend", "impl", "world_size"])
-    lines = []
-    for (model, backend), s in per_repeat.groupby(level=[0, 1]):
+def _scaling(df, cfg: Config) -> dict:
+    """(model, backend) -> {ranks: (DDP latency, weak-scaling efficiency vs the fewest ranks in %, no-DDP latency,
+    DDP / no DDP)}, Spreads over repetitions (the last two None without no-DDP rows). DDP and no DDP at one world
+    size run in one task, so their ratio is paired."""
+    per_task = verdicts.task_medians(_selected(df, cfg), ["model", "backend", "impl", "world_size"])
+    out = {}
+    for (model, backend), s in per_task.groupby(level=[0, 1]):
         s = s.droplevel([0, 1])
-        if cfg.impl not in s.index.get_level_values(0):
+        impls = set(s.index.get_level_values(0))
+        if cfg.impl not in impls:
             continue
         ddp = s.xs(cfg.impl)
         sizes = sorted(set(ddp.index.get_level_values(0)))
-        lo, hi = sizes[0], sizes[-1]
-        first, last = verdicts.spread(ddp.xs(lo)), verdicts.spread(ddp.xs(hi))
-        line = (f"{model}/{backend}: {first.fmt()} at {lo} rank(s) -> {last.fmt()} at {hi} "
-                f"(weak-scaling efficiency {100 * first.center / last.center:.0f}%)")
-        if "local" in s.index.get_level_values(0) and {lo, hi} <= set(s.xs("local").index.get_level_values(0)):
-            local = {n: verdicts.spread(s.xs("local").xs(n)).center for n in (lo, hi)}
-            line += (f"; of the {last.center - first.center:.0f} ms growth, compute without DDP grew "
-                     f"{local[hi] - local[lo]:.0f} ms and DDP's communication at {hi} ranks adds "
-                     f"{last.center - local[hi]:.0f} ms over no DDP")
-        lines.append(line)
+        local = verdicts.per_repeat(s.xs("local")) if "local" in impls else None
+        rows = {}
+        for n in sizes:
+            latency = verdicts.spread(verdicts.per_repeat(ddp).xs(n))
+            efficiency = verdicts.spread(100 * verdicts.paired_ratios(ddp, sizes[0], n))
+            alone = over = None
+            if local is not None and n in local.index.get_level_values(0):
+                alone = verdicts.spread(local.xs(n))
+                over = verdicts.spread(verdicts.paired_ratios(s.xs(n, level=1), cfg.impl, "local"))
+            rows[n] = (latency, efficiency, alone, over)
+        out[model, backend] = rows
+    return out
+
+
+def summarize(df, cfg: Config) -> str:
+    """Per model, backend and world size: DDP latency, weak-scaling efficiency, and no DDP (compute alone, slowed
+    by sharing the machine as much) with DDP's ratio to it, each with its spread over repetitions."""
+    lines = []
+    for (model, backend), per_n in _scaling(df, cfg).items():
+        parts = []
+        for i, (n, (latency, efficiency, local, over)) in enumerate(per_n.items()):
+            text = f"{n} rank(s) {latency.fmt()}"
+            if i:
+                text += f", efficiency {efficiency.fmt('%')}"
+            if over is not None:
+                text += f"; no DDP {local.fmt()}, DDP / no DDP {over.fmt('x', 2)}"
+            parts.append(text)
+        lines.append(f"{model}/{backend}: " + "; ".join(parts))
     return "\n".join(lines) or "no results"
+
+
+def claims(df, cfg: Config) -> list[verdicts.Claim]:
+    return [verdicts.Claim(FIGURE, f"weak-scaling efficiency {min(per_n)} -> {n} ranks, {m}/{b}", "%", None, eff)
+            for (m, b), per_n in _scaling(df, cfg).items() for n, (_, eff, _, _) in per_n.items() if n != min(per_n)]
