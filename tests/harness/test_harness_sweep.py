@@ -119,6 +119,23 @@ def test_idle_pools_are_closed_before_a_new_one_starts_when_memory_runs_low(monk
         assert list(pools.values()) == [third] and first not in pools.values()
 
 
+
+def test_a_point_measuring_memory_gets_fresh_ranks(monkeypatch):
+    import contextlib
+
+    with contextlib.ExitStack() as stack:
+        pools = sweep._Pools(stack)
+        first = pools.get_for(TrainConfig(world_size=1), None)
+        assert pools.get_for(TrainConfig(world_size=1), None) is first  # kept between ordinary points
+        fresh = pools.get_for(TrainConfig(world_size=1, memory=True), None, fresh=True)
+        assert fresh is not first and list(pools.values()) == [fresh]
+    asked = []
+    monkeypatch.setattr(sweep._Pools, "get_for", lambda self, cfg, rate, fresh=False: asked.append(fresh) or 1 / 0)
+    for memory in (False, True):
+        with pytest.raises(ZeroDivisionError), contextlib.ExitStack() as stack:
+            sweep._measure([TrainConfig(world_size=2, memory=memory, net="loopback")], None, sweep._Pools(stack))
+    assert asked == [False, True]
+
 def _caps(caps, repeats=1, **kw):
     from harness.config import validate
 
