@@ -1,6 +1,6 @@
 """Figure 11: convergence when gradients are synchronized only every n = 1, 2, 4, 8 iterations (paper Section 5.3).
 
-    make fig11                                  CPU default: digits, Gloo, 2 ranks, 8 points (~2 min + setup)
+    make fig11                                  CPU default: digits, Gloo, 2 ranks, 3 seeds x 8 points (~6 min)
     make fig11 ARGS="--batch_sizes=8 --sync_every=1,8 --iters=800"
     python -m experiments fig11 --dataset=cifar10 --data_dir=/data/cifar --iters=4000   (GPU advised)
     torchrun --nproc-per-node=2 -m experiments fig11 --world_size=2
