@@ -75,8 +75,8 @@ def plot(df, cfg: Config):
 
 def _scaling(df, cfg: Config) -> dict:
     """(model, backend) -> {ranks: (DDP latency, weak-scaling efficiency vs the fewest ranks in %, no-DDP latency,
-    DDP / no DDP)}, Spreads over repetitions (the last two None without no-DDP rows). DDP and no DDP at one world
-    size run in one task, so their ratio is paired."""
+    DDP / no DDP)}, Spreads over repetitions (the last two None without no-DDP rows). Ratios are taken repetition
+    by repetition (paired in one task at one rank; at more, no DDP needs no emulated link and runs apart)."""
     per_task = verdicts.task_medians(_selected(df, cfg), ["model", "backend", "impl", "world_size"])
     out = {}
     for (model, backend), s in per_task.groupby(level=[0, 1]):
