@@ -47,3 +47,22 @@ def test_an_anchor_measured_in_several_tasks_counts_once_per_repetition():
     per_repeat = verdicts.per_repeat(per_task)
     assert list(per_repeat.xs(25).index) == [0, 1]
     assert verdicts.spread(per_repeat.xs(25)).n == 2
+
+
+def test_fig9_efficiency_and_ddp_over_no_ddp_are_taken_repetition_by_repetition():
+    from experiments import fig09_scalability as fig9
+
+    drift = {0: 1.0, 1: 1.5, 2: 0.8}  # a whole repetition runs slower or faster
+    ms = {("ours", 1): 400, ("local", 1): 380, ("ours", 2): 500, ("local", 2): 400}
+    rows = [dict(model="resnet50", backend="gloo", impl=impl, world_size=n, repeat=r, bucket_cap_mb=25,
+                 point_id=f"{impl}{n}{r}", group="", error="", net="loopback", hosts=1, rank=0, total_ms=v * d)
+            for (impl, n), v in ms.items() for r, d in drift.items()]
+    cfg = fig9.Config(models=("resnet50",), world_sizes=(1, 2), net="loopback")
+    per_n = fig9._scaling(pd.DataFrame(rows), cfg)["resnet50", "gloo"]
+    latency, efficiency, local, over = per_n[2]
+    assert latency.center == 500 and (latency.lo, latency.hi) == (400, 750)  # the drift shows in latency
+    assert np.isclose(efficiency.center, 80) and np.isclose(efficiency.lo, 80) and np.isclose(efficiency.hi, 80)
+    assert np.isclose(over.center, 1.25) and local.center == 400  # ... not in the ratios
+    assert np.isclose(per_n[1][3].center, 400 / 380)
+    [claim] = fig9.claims(pd.DataFrame(rows), cfg)
+    assert claim.what == "weak-scaling efficiency 1 -> 2 ranks, resnet50/gloo" and np.isclose(claim.measured.center, 80)
