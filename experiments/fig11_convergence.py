@@ -104,7 +104,7 @@ def plot(df, cfg: Config):
                             height=3.4)
     losses, accs = loss_curves(ok, cfg.smooth), accuracy_curves(ok)
     seeds = ok["seed"].nunique() if not ok.empty else 0
-    over = f"mean of {seeds} seeds, range shaded" if seeds > 1 else "1 seed"
+    over = f". Lines: the mean of {seeds} seeds, shaded: their range" if seeds > 1 else ". One seed"
     for c, batch in enumerate(cfg.batch_sizes):
         top, bottom = axes[0][c], axes[1][c]
         if not any(b == batch for b, _ in losses):
@@ -118,8 +118,8 @@ def plot(df, cfg: Config):
                     _band(bottom, accs[batch, n], 100, marker=".", ms=3, lw=1.0, color=line.get_color(),
                           label=f"n = {n}")
         top.set_yscale("log")
-        top.set_title(f"per-rank batch {batch}: training loss (smoothed over {cfg.smooth} it.; {over})", fontsize=9)
-        bottom.set_title(f"per-rank batch {batch}: test accuracy (rank 0; {over})", fontsize=9)
+        top.set_title(f"per-rank batch {batch}: training loss (smoothed over {cfg.smooth} it.)", fontsize=9)
+        bottom.set_title(f"per-rank batch {batch}: test accuracy (rank 0)", fontsize=9)
         values = np.concatenate([100 * a.to_numpy().ravel() for (b, _), a in accs.items() if b == batch]
                                 or [np.array([])])
         values = values[~np.isnan(values)]
@@ -132,7 +132,7 @@ def plot(df, cfg: Config):
             ax.legend(fontsize=8, title="sync every", title_fontsize=8)
     return common.finish(fig, f"Figure 11: convergence with skipped synchronization ({cfg.dataset}, "
                               f"{cfg.world_size} ranks, SGD lr {cfg.lr:g} momentum {cfg.momentum:g})",
-                         PAPER["claim"], ok, f". Paper setup: {PAPER['setup']}")
+                         PAPER["claim"], ok, f"{over}. Paper setup: {PAPER['setup']}")
 
 
 def _final(ok, cfg: Config) -> pd.DataFrame:
