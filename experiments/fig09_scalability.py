@@ -85,11 +85,12 @@ def _scaling(df, cfg: Config) -> dict:
         if cfg.impl not in impls:
             continue
         ddp = s.xs(cfg.impl)
+        ddp_per_repeat = verdicts.per_repeat(ddp)
         sizes = sorted(set(ddp.index.get_level_values(0)))
         local = verdicts.per_repeat(s.xs("local")) if "local" in impls else None
         rows = {}
         for n in sizes:
-            latency = verdicts.spread(verdicts.per_repeat(ddp).xs(n))
+            latency = verdicts.spread(ddp_per_repeat.xs(n))
             efficiency = verdicts.spread(100 * verdicts.paired_ratios(ddp, sizes[0], n))
             alone = over = None
             if local is not None and n in local.index.get_level_values(0):
