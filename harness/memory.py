@@ -11,8 +11,9 @@ drops which tensors collectives touched).
 
 The categories are checked against an independent measure of the same iteration's peak: on GPU
 ``torch.cuda.max_memory_allocated``; on CPU the rise of the process's resident-set high-water mark (VmHWM,
-reset through ``/proc/self/clear_refs``) over its size before the model existed, with glibc told to return
-every freed large block at once (``mallopt``), so freed tensors leave the resident set.
+reset through ``/proc/self/clear_refs``, less the file-backed pages: code) over its size before the model
+existed, with glibc told to return every freed large block at once (``mallopt``), so freed tensors leave the
+resident set.
 """
 from __future__ import annotations
 
@@ -56,6 +57,7 @@ def profiled(fn, known: dict[str, list[torch.Tensor]] | None = None) -> tuple[ob
     from torch.profiler import ProfilerActivity, profile
 
     activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if torch.cuda.is_available() else [])
+    existing = live_storage_bytes()
     with profile(activities=activities, profile_memory=True, record_shapes=True, with_stack=True) as prof:
         out = fn()
     device = torch.device("cuda", torch.cuda.current_device()) if torch.cuda.is_available() else torch.device("cpu")
@@ -66,7 +68,21 @@ def profiled(fn, known: dict[str, list[torch.Tensor]] | None = None) -> tuple[ob
     except AssertionError:  # its data-flow checks trip on some collectives and FSDP2's autograd (1 in ~5 here)
         with _without_data_flow_checks():
             mp = prof._memory_profile()
-    return out, categorize(mp, device, storages)
+    return out, categorize(mp, device, storages, existing)
+
+
+def live_storage_bytes() -> dict[int, int]:
+    """Every storage a live Python tensor holds (a DTensor's shard is a tensor of its own): address -> bytes."""
+    import gc
+
+    out = {}
+    for obj in gc.get_objects():
+        if issubclass(type(obj), torch.Tensor) and not obj.is_meta and obj.layout == torch.strided:
+            with contextlib.suppress(RuntimeError, NotImplementedError):  # wrapper subclasses have no storage
+                storage = obj.untyped_storage()
+                out[storage.data_ptr()] = storage.nbytes()
+    out.pop(0, None)
+    return out
 
 
 @contextlib.contextmanager
@@ -107,14 +123,18 @@ def _collective_keys(mp) -> set:
     return keys
 
 
-def categorize(mp, device: torch.device, known: dict[int, tuple[str, int]] | None = None) -> MemoryProfile:
+def categorize(mp, device: torch.device, known: dict[int, tuple[str, int]] | None = None,
+               existing: dict[int, int] | None = None) -> MemoryProfile:
     """Walk the profile's timeline on ``device``: running bytes per category, its peak and a sampled series.
     ``known`` (storage address -> (category, bytes)): the system's own tensors, which name what the profiler
     leaves unlabelled and, where no op touched them in the iteration (so the profiler never saw them), are
-    counted as present throughout."""
+    counted as present throughout. ``existing`` (address -> bytes, :func:`live_storage_bytes` before the
+    profile): the true size of storages that predate it, which the profiler knows only from the views ops took
+    of them (a flat buffer seen through one parameter's view counts as that view)."""
     from torch.profiler._memory_profiler import Action, TensorKey
 
     comm, known = _collective_keys(mp), known or {}
+    existing = {**(existing or {}), **{ptr: nbytes for ptr, (_, nbytes) in known.items()}}
 
     def label(key, version) -> str:
         category = mp._categories.get(key, version) if isinstance(key, TensorKey) else None
@@ -129,13 +149,15 @@ def categorize(mp, device: torch.device, known: dict[int, tuple[str, int]] | Non
     for ptr, (name, nbytes) in known.items():
         if ptr not in seen:
             sizes[name] += nbytes
+    true_size = {key: existing[key.storage.ptr] for _, action, (key, _), _ in mp.timeline
+                 if action == Action.PREEXISTING and isinstance(key, TensorKey) and key.storage.ptr in existing}
     at_peak, at_start = dict(sizes), None
     series: list[tuple[int, dict[str, int]]] = []
     t0 = None
     for t, action, (key, version), nbytes in mp.timeline:
         if key.device != device:
             continue
-        name = label(key, version)
+        name, nbytes = label(key, version), true_size.get(key, nbytes)
         if action in (Action.PREEXISTING, Action.CREATE):
             sizes[name] += nbytes
         elif action == Action.DESTROY:
@@ -171,16 +193,18 @@ def return_freed_memory() -> None:
 
 
 def current_bytes(device: torch.device) -> int:
-    """What the process holds now: CUDA's allocated bytes on a GPU, the resident set (VmRSS) on CPU."""
+    """What the process holds now: CUDA's allocated bytes on a GPU; on CPU the resident set (VmRSS) less its
+    file-backed pages, which are code and libraries (DeepSpeed loads ~25 MiB of them while it initializes), not
+    memory the training's data takes."""
     if device.type == "cuda":
         return torch.cuda.memory_allocated(device)
-    return _status_kib("VmRSS") * 1024
+    return (_status_kib("VmRSS") - _status_kib("RssFile")) * 1024
 
 
 class PeakMeter:
     """The peak memory of what runs inside ``with meter:`` over ``floor`` (:func:`current_bytes` before the
     tensors of interest existed), measured without the profiler: CUDA's allocator peak on GPU, the resident
-    high-water mark (VmHWM) on CPU."""
+    high-water mark (VmHWM) less the file-backed pages (constant while an iteration runs) on CPU."""
 
     def __init__(self, device: torch.device, floor: int = 0):
         self.device, self.floor, self.peak = device, floor, 0
@@ -198,7 +222,7 @@ class PeakMeter:
             torch.cuda.synchronize(self.device)
             self.peak = torch.cuda.max_memory_allocated(self.device) - self.floor
         else:
-            self.peak = _status_kib("VmHWM") * 1024 - self.floor
+            self.peak = (_status_kib("VmHWM") - _status_kib("RssFile")) * 1024 - self.floor
 
 
 def sent_bytes() -> int:

@@ -25,7 +25,6 @@ block and checkpointing recomputes per block.
 from __future__ import annotations
 
 import datetime
-import importlib
 import os
 from dataclasses import dataclass
 from typing import Callable
@@ -239,15 +238,6 @@ def _deepspeed(model: nn.Module, ctx: RankContext, optimizer: str, lr: float, st
     engine, _, _, _ = deepspeed.initialize(model=model.to(ctx.device), config=config, dist_init_required=False,
                                            optimizer=make_optimizer(optimizer, model.parameters(), lr))
     return Trainer(engine, _EngineStep(engine), backward=engine.backward)
-
-
-def preload(impl: str) -> None:
-    """Import what ``impl`` needs before a memory measurement starts, so loaded code is not counted as tensors."""
-    if impl.startswith("deepspeed"):
-        os.environ.setdefault("DS_ACCELERATOR", "cuda" if torch.cuda.is_available() else "cpu")
-        importlib.import_module("deepspeed")
-    elif impl.startswith("fsdp"):
-        importlib.import_module("torch.distributed.fsdp")
 
 
 def _local(t: torch.Tensor) -> torch.Tensor:
