@@ -272,8 +272,20 @@ def summarize(df, cfg: Config) -> str:
                          f"{r.profiled_peak_mib:.0f} MiB ({r.categories_vs_measured_pct:+.0f}%); state "
                          f"{r.model_state_mib:.0f} MiB vs {r.formula_mib:.0f} ({r.state_vs_formula_pct:+.0f}%); "
                          f"{traffic}")
+        lines.append(memory_check(sel))
         lines += _verdicts(df, cfg, model)
     return "\n".join(lines)
+
+
+def memory_check(t: pd.DataFrame, tolerance_pct: float = 10) -> str:
+    """The issue's check on rows of :func:`table`: do the profiled categories add up to the measured peak within
+    ``tolerance_pct``? Names every point outside."""
+    off = t[t["categories_vs_measured_pct"].abs() > tolerance_pct]
+    outside = ", ".join(f"{r.impl} N={r.world_size} {r.categories_vs_measured_pct:+.0f}%" for r in off.itertuples())
+    worst = t.loc[t["categories_vs_measured_pct"].abs().idxmax()]
+    return (f"  memory categories vs the measured peak: within {tolerance_pct:g}% at {len(t) - len(off)} of {len(t)} "
+            f"points (worst {worst.impl} N={worst.world_size} {worst.categories_vs_measured_pct:+.1f}%)"
+            + (f"; outside: {outside}" if outside else ""))
 
 
 def _verdicts(df, cfg: Config, model: str) -> list[str]:

@@ -66,3 +66,13 @@ def test_fig9_efficiency_and_ddp_over_no_ddp_are_taken_repetition_by_repetition(
     assert np.isclose(per_n[1][3].center, 400 / 380)
     [claim] = fig9.claims(pd.DataFrame(rows), cfg)
     assert claim.what == "weak-scaling efficiency 1 -> 2 ranks, resnet50/gloo" and np.isclose(claim.measured.center, 80)
+
+
+def test_zero_memory_check_counts_and_names_the_points_outside_the_tolerance():
+    from experiments.zero import memory_check
+    t = pd.DataFrame(dict(impl=["torch", "fsdp", "deepspeed3"], world_size=[2, 2, 4],
+                          categories_vs_measured_pct=[-0.5, 9.9, -12.3]))
+    line = memory_check(t)
+    assert "within 10% at 2 of 3 points" in line and "worst deepspeed3 N=4 -12.3%" in line
+    assert line.endswith("outside: deepspeed3 N=4 -12%")
+    assert "outside" not in memory_check(t.iloc[:2])
