@@ -13,7 +13,8 @@ The categories are checked against an independent measure of the same iteration'
 ``torch.cuda.max_memory_allocated``; on CPU the rise of the process's resident-set high-water mark (VmHWM,
 reset through ``/proc/self/clear_refs``, less the file-backed pages: code) over its size before the model
 existed, with glibc told to return every freed large block at once (``mallopt``), so freed tensors leave the
-resident set.
+resident set. Allocations on threads other than the profiler's are not reported to it (torch's allocator looks
+the profiler up per thread), so ``threads`` (replicas on worker threads) reads a few percent low.
 """
 from __future__ import annotations
 
