@@ -233,8 +233,9 @@ def _deepspeed(model: nn.Module, ctx: RankContext, optimizer: str, lr: float, st
     zero = {"stage": stage, "reduce_bucket_size": bucket, "allgather_bucket_size": bucket}
     if stage == 3:
         zero = {"stage": 3, "reduce_bucket_size": bucket, "stage3_prefetch_bucket_size": bucket}
+    # gradient_clipping: DeepSpeed 0.19.8 clips the gradients' global norm to 1.0 unless told otherwise; DDP does not
     config = {"train_micro_batch_size_per_gpu": 1, "gradient_accumulation_steps": 1, "steps_per_print": 10**9,
-              "zero_optimization": zero, "zero_allow_untested_optimizer": True}
+              "zero_optimization": zero, "zero_allow_untested_optimizer": True, "gradient_clipping": 0.0}
     engine, _, _, _ = deepspeed.initialize(model=model.to(ctx.device), config=config, dist_init_required=False,
                                            optimizer=make_optimizer(optimizer, model.parameters(), lr))
     return Trainer(engine, _EngineStep(engine), backward=engine.backward)
