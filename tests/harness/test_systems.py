@@ -206,6 +206,7 @@ def test_gloo_reduce_scatter_sends_as_much_as_an_all_reduce():
     """Why FSDP on Gloo sends 4 units where ZeRO-3's theory says 3: Gloo's reduce-scatter costs an all-reduce
     (2 (N-1)/N), not (N-1)/N. Measured on the wire of a private namespace, 2 ranks."""
     sent = run_point(TrainConfig(model="small", world_size=2, net="10gbit", timeout_s=60), fn=_collective_traffic)[0]
-    assert sent["all_gather"] == pytest.approx(0.5, rel=0.05)
-    assert sent["all_reduce"] == pytest.approx(1.0, rel=0.05)
-    assert sent["reduce_scatter"] == pytest.approx(sent["all_reduce"], rel=0.05)
+    # 15%: far from the factor 2 at stake; the emulated link's retransmissions once added 8% to one collective
+    assert sent["all_gather"] == pytest.approx(0.5, rel=0.15)
+    assert sent["all_reduce"] == pytest.approx(1.0, rel=0.15)
+    assert sent["reduce_scatter"] == pytest.approx(sent["all_reduce"], rel=0.15)
