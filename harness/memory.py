@@ -183,6 +183,11 @@ def _status_kib(field: str) -> int:
     return int(re.search(rf"{field}:\s+(\d+) kB", Path("/proc/self/status").read_text()).group(1))
 
 
+def _data_bytes(field: str) -> int:
+    """``field`` of /proc/self/status (VmRSS, VmHWM) less the file-backed resident pages (code), in bytes."""
+    return (_status_kib(field) - _status_kib("RssFile")) * 1024
+
+
 def return_freed_memory() -> None:
     """Have glibc hand every freed block of 64 KiB or more back to the system at once (fixed mmap and trim
     thresholds), so the resident set follows the live tensors; without it, freed activations stay resident."""
@@ -199,7 +204,7 @@ def current_bytes(device: torch.device) -> int:
     memory the training's data takes."""
     if device.type == "cuda":
         return torch.cuda.memory_allocated(device)
-    return (_status_kib("VmRSS") - _status_kib("RssFile")) * 1024
+    return _data_bytes("VmRSS")
 
 
 class PeakMeter:
@@ -223,7 +228,7 @@ class PeakMeter:
             torch.cuda.synchronize(self.device)
             self.peak = torch.cuda.max_memory_allocated(self.device) - self.floor
         else:
-            self.peak = (_status_kib("VmHWM") - _status_kib("RssFile")) * 1024 - self.floor
+            self.peak = _data_bytes("VmHWM") - self.floor
 
 
 def sent_bytes() -> int:

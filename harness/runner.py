@@ -39,7 +39,7 @@ import torch
 
 from harness import memory
 from harness.config import TrainConfig
-from harness.launch import RankContext, inject_fault
+from harness.launch import RankContext, inject_fault, trim_heap
 from harness.models import compute_loss, input_spec, make_inputs, seeded_model
 from harness.systems import DDP_IMPLS, ZERO_IMPLS, Trainer, build, state_tensors
 
@@ -211,7 +211,7 @@ def run_training_point(ctx: RankContext, cfg: TrainConfig) -> list[dict]:
         _load_code(ctx, cfg)
         memory.profiled(lambda: torch.ones(1) + 1)
         seeded_model(cfg.model, cfg.seed)
-        memory.return_freed_memory()
+        trim_heap()  # what those left freed
     floor = memory.current_bytes(ctx.device)  # the process without this point's tensors: PeakMeter's zero
     point = _Prepared(ctx, cfg)
     rows = [row for it in range(cfg.warmup + cfg.iters) if (row := point.iteration(ctx, it)) is not None]
