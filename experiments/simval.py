@@ -40,8 +40,9 @@ class Config:
     scale_caps_mb: tuple[float, ...] = (0, 5, 25, 1000)
     sync_every: tuple[int, ...] = (2, 4, 8)
     round_robin_groups: tuple[int, ...] = (2, 3, 5)
-    iters: int = 4
+    iters: int = 8  # measured iterations per point (and the probe's compute iterations)
     warmup: int = 1
+    no_sync_cycles: int = 4  # a no_sync point measures this many cycles of n iterations, after one
 
 
 def groups(cfg: Config) -> list[tuple[TrainConfig, list[TrainConfig]]]:
@@ -57,7 +58,8 @@ def groups(cfg: Config) -> list[tuple[TrainConfig, list[TrainConfig]]]:
             if full:
                 points.append(dataclasses.replace(probe, overlap=False))
                 # warmup n: the first synchronized iteration (which rebuilds the buckets) is not measured
-                points += [dataclasses.replace(probe, sync_every=n, iters=2 * n, warmup=n) for n in cfg.sync_every]
+                points += [dataclasses.replace(probe, sync_every=n, iters=cfg.no_sync_cycles * n, warmup=n)
+                           for n in cfg.sync_every]
                 points += [dataclasses.replace(probe, bucket_cap_mb=5, round_robin_groups=k)
                            for k in cfg.round_robin_groups]
             out.append((probe, points))

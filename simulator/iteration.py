@@ -1,8 +1,9 @@
 """One DDP iteration as an event simulation, from compute-only timings and a communication model.
 
-Backward produces gradients at the profile's ``ready_ms`` (slowed by ``contention`` while an allreduce runs, as
-compute and communication share the host). A bucket is ready with its last gradient and launches in index order
-(DDP's rule: every rank must issue the same allreduces in the same order); bucket b runs on channel b % groups,
+Backward produces gradients at the profile's ``ready_ms`` (slowed by ``contention`` while an allreduce moves
+bytes, as compute and communication share the host's cores; a call waiting out its latency does not). A bucket
+is ready with its last gradient and launches in index order (DDP's rule: every rank must issue the same
+allreduces in the same order); bucket b runs on channel b % groups,
 each channel one call after another (round-robin process groups). A call first spends its latency (the
 ``alpha`` terms, the cost at 0 bytes), which holds no bandwidth, then moves its bytes; calls moving bytes at the
 same time share the link equally (processor sharing), so parallel channels hide latency but not bandwidth.
@@ -27,8 +28,8 @@ class ComputeProfile:
     """Compute-only times (ms) of one rank's iteration, measured where we can run it.
 
     ``ready_ms[i]``: when parameter i's gradient is ready, from the start of backward, with no communication
-    running; ``other_ms``: per-iteration time outside the named phases; ``contention``: while any allreduce is
-    in flight, backward compute runs at rate 1/(1+contention) (on CPU, e.g. backward 190 -> 246 ms with overlap);
+    running; ``other_ms``: per-iteration time outside the named phases; ``contention``: while any allreduce moves
+    bytes, backward compute runs at rate 1/(1+contention) (on CPU, e.g. backward 190 -> 246 ms with overlap);
     ``comm_contention``: the other way round, the allreduce's bytes while backward computes (both share cores).
     """
 
@@ -127,9 +128,9 @@ def _backward(p: ComputeProfile, buckets, comm: CommModel, world_size: int, over
                 running[ch] = [b, latency, work[b]]
         if compute_end is not None and not running:
             return ready, launch, start, done, compute_end
-        rate = 1.0 / (1.0 + p.contention) if running else 1.0
+        sharing = sum(1 for job in running.values() if job[1] <= 0)  # calls moving bytes
+        rate = 1.0 / (1.0 + p.contention) if sharing else 1.0  # a call waiting out its latency costs no CPU
         slow = 1.0 + p.comm_contention if compute_end is None else 1.0  # bytes move slower while compute runs
-        sharing = sum(1 for job in running.values() if job[1] <= 0)
         steps = [job[1] if job[1] > 0 else job[2] * sharing * slow for job in running.values()]
         if compute_end is None:
             target = min([needs[b] for b in range(n) if ready[b] is None] + [p.backward_ms])

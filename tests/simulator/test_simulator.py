@@ -122,13 +122,14 @@ def test_round_robin_groups_share_bandwidth():
 def test_contention_slows_compute():
     prof = ComputeProfile((400, 400), (10.0, 4.0), 10.0, 5.0, 2.0, contention=1.0)
     pred = simulate(prof, buckets_for(prof, 0), COMM, 2)
-    # b0 ready 4, runs 4..9; compute at half rate meanwhile: 4 + 2.5 = 6.5 of 10 by 9, the rest 3.5 at full rate
-    # -> compute ends 12.5 (b1 ready), b1 runs 12.5..17.5; 5 + 17.5 + 2 = 24.5; exposed 24.5 - 5 - 10 - 2 = 7.5
-    assert pred.ready_ms == pytest.approx((4.0, 12.5))
-    assert pred.done_ms == pytest.approx((9.0, 17.5))
-    assert pred.backward_ms == pytest.approx(17.5)
-    assert pred.total_ms == pytest.approx(24.5)
-    assert pred.exposed_comm_ms == pytest.approx(7.5)
+    # b0 ready 4: latency 4..5 (costs no CPU: compute at full rate, 5 of 10 by 5), bytes 5..9 with compute at
+    # half rate (7 of 10 by 9), the rest 3 at full rate -> compute ends 12 (b1 ready); b1 latency 12..13, bytes
+    # 13..17; 5 + 17 + 2 = 24; exposed 24 - 5 - 10 - 2 = 7
+    assert pred.ready_ms == pytest.approx((4.0, 12.0))
+    assert pred.done_ms == pytest.approx((9.0, 17.0))
+    assert pred.backward_ms == pytest.approx(17.0)
+    assert pred.total_ms == pytest.approx(24.0)
+    assert pred.exposed_comm_ms == pytest.approx(7.0)
 
 
 def test_sync_every_averages_local_and_synced():
