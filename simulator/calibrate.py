@@ -170,18 +170,19 @@ def probe_rank(ctx, cfg: TrainConfig) -> list[dict]:
     ctx.synchronize()
     stream_call_ms = (time.perf_counter() - t0) * 1e3 / STREAM_CALLS
 
-    contended, comm_contention = backward, 0.0
+    contended, comm_contention = [r[1] for r in runs], 0.0
     if ctx.world_size > 1:  # an allreduce 1.5x as long as the backward, the same size on every rank
         steps = 2 * (ctx.world_size - 1)
         want = (1.5 * backward - steps * comm.alpha_ms) / max(steps / ctx.world_size * comm.beta_ms_per_byte, 1e-12)
         size = torch.tensor([min(MAX_COVER_BYTES, max(32 * MIB, want))], dtype=torch.float64)
         dist.all_reduce(size, op=dist.ReduceOp.MAX, group=ctx.group)
         cover = torch.zeros(int(size.item()) // 4, dtype=torch.float32, device=ctx.device)
-        runs = [iteration(cover) for _ in range(max(2, cfg.iters // 2))]
-        contended = _median(r[1] for r in runs)
+        under_comm = [iteration(cover) for _ in range(max(2, cfg.iters // 2))]
+        contended = [r[1] for r in under_comm]
         # The allreduce ran over the whole backward; the time it took beyond its cost alone is what its bytes
         # lost while compute ran: a share x of the backward means they moved at rate 1 - x there.
-        lost = (_median(r[4] for r in runs) - comm.allreduce_ms(cover.numel() * 4, ctx.world_size)) / contended
+        lost = (_median(r[4] for r in under_comm) - comm.allreduce_ms(cover.numel() * 4, ctx.world_size)) \
+            / _median(contended)
         lost = min(max(lost, 0.0), 0.9)
         comm_contention = lost / (1 - lost)
 
@@ -207,7 +208,7 @@ def calibrate(cfg: TrainConfig) -> Calibration:
     rows = run_point(cfg, fn=probe_rank)
     ready = [_median(_slowest(rows, "ready_ms", i)) for i in range(len(rows[0]["param_bytes"]))]
     backward = _median(_slowest(rows, "backward_ms"))
-    contended = max(r["contended_backward_ms"] for r in rows)
+    contended = _median(_slowest(rows, "contended_backward_ms"))
     samples = [tuple(s) for s in rows[0]["comm_samples"]]
     fit = None
     if cfg.world_size > 1:  # alpha as a stream of DDP's calls pays it (4 KiB calls: the bytes term is negligible)
