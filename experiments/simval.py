@@ -1,13 +1,15 @@
 """Validate the simulator here: predictions against measurements that were not used to calibrate it.
 
-    make simval                                       both models, link rates x world sizes (~25 min on 2 cores)
+    make simval                                       both models, link rates x world sizes, 2 rounds (~65 min)
     python -m experiments.simval --models=resnet50 --nets=1gbit --world_sizes=2
 
 Per (model, world size, link rate): one fresh calibration probe (:mod:`simulator.calibrate`: compute without
 DDP, allreduce calls, compute under communication), then the DDP points it predicts are measured right after it
 (bucket caps 0 to 1000 MiB, overlap off, ``no_sync`` every n, round-robin groups k), and every point's measured
-latency is set beside its prediction. Writes ``results/simval/validation.csv`` and
-``results/figures/simval.png`` (predicted vs measured) and prints the median and worst absolute % error per model.
+latency is set beside its prediction; all of it ``rounds`` times, and each point's median prediction is compared
+with its median measurement. Writes ``results/simval/validation.csv`` (per round: ``validation_rounds.csv``) and
+``results/figures/simval.png`` (predicted vs measured) and prints the median and worst absolute % error per model,
+and per (model, world size, link) how the cap the simulator recommends measured against the best measured cap.
 Measured points are stored like a figure's (resumable); a calibration is reused when its group's points are all
 stored, so an interrupted run predicts from the probe its points were measured beside.
 """
@@ -40,9 +42,10 @@ class Config:
     scale_caps_mb: tuple[float, ...] = (0, 5, 25, 1000)
     sync_every: tuple[int, ...] = (2, 4, 8)
     round_robin_groups: tuple[int, ...] = (2, 3, 5)
-    iters: int = 8  # measured iterations per point (and the probe's compute iterations)
+    iters: int = 4  # measured iterations per point (and the probe's compute iterations)
     warmup: int = 1
-    no_sync_cycles: int = 4  # a no_sync point measures this many cycles of n iterations, after one
+    no_sync_cycles: int = 2  # a no_sync point measures this many cycles of n iterations, after one
+    rounds: int = 2  # the whole grid again, each round with probes of its own (the host drifts within minutes)
 
 
 def groups(cfg: Config) -> list[tuple[TrainConfig, list[TrainConfig]]]:
@@ -78,8 +81,9 @@ def run(cfg: Config, root=None) -> pd.DataFrame:
     from simulator.predict import Scenario, predict
 
     records = []
-    for probe, points in groups(cfg):
-        path = results_root(root) / EXPERIMENT / "calibrations" / calibration_path(probe).name
+    for r, (probe, points) in ((r, g) for r in range(cfg.rounds) for g in groups(cfg)):
+        points = [dataclasses.replace(p, repeat=r) for p in points]
+        path = results_root(root) / EXPERIMENT / "calibrations" / f"r{r}-{calibration_path(probe).name}"
         if path.exists() and {point_id(validate(p)) for p in points} <= stored_point_ids(EXPERIMENT, root):
             try:
                 cal = Calibration.load(path)
@@ -96,12 +100,24 @@ def run(cfg: Config, root=None) -> pd.DataFrame:
             scenario = Scenario(p.bucket_cap_mb, p.overlap, p.round_robin_groups, p.sync_every)
             guess = predict(cal, scenario)
             records.append(dict(model=p.model, world_size=p.world_size, net=p.net,
-                                net_rate_mbit=cal.point["net_rate_mbit"], **dataclasses.asdict(scenario),
+                                net_rate_mbit=cal.point["net_rate_mbit"], **dataclasses.asdict(scenario), round=r,
                                 measured_ms=measured_ms(rows, p.sync_every), predicted_ms=guess["predicted_ms"],
                                 calibration=path.name))
-    out = pd.DataFrame(records)
-    out["error_pct"] = (out["predicted_ms"] / out["measured_ms"] - 1) * 100
+    rounds = pd.DataFrame(records)
+    rounds.to_csv(results_root(root) / EXPERIMENT / "validation_rounds.csv", index=False)
+    out = combine(rounds)
     out.to_csv(results_root(root) / EXPERIMENT / "validation.csv", index=False)
+    return out
+
+
+def combine(rounds: pd.DataFrame) -> pd.DataFrame:
+    """One row per point: its median measurement over the rounds beside its median prediction (each round's from
+    that round's probe), and the error between them."""
+    keys = ["model", "world_size", "net", "net_rate_mbit", "bucket_cap_mb", "overlap", "round_robin_groups",
+            "sync_every"]
+    out = rounds.groupby(keys, dropna=False, sort=False, as_index=False).agg(
+        measured_ms=("measured_ms", "median"), predicted_ms=("predicted_ms", "median"), rounds=("round", "count"))
+    out["error_pct"] = (out["predicted_ms"] / out["measured_ms"] - 1) * 100
     return out
 
 
@@ -109,6 +125,21 @@ def summary(out: pd.DataFrame) -> pd.DataFrame:
     """Median and worst absolute % error per model (the issue's goal: <= 5 % and <= 15 %)."""
     err = out.assign(abs_error_pct=out["error_pct"].abs())
     return err.groupby("model")["abs_error_pct"].agg(points="count", median="median", worst="max").round(1)
+
+
+def tuning(out: pd.DataFrame) -> pd.DataFrame:
+    """Per (model, world size, link): the cap the simulator recommends among the measured caps (lowest predicted
+    latency, as ``make tune`` picks) and its measured latency over the best measured cap's (the issue's goal:
+    within 2 %), beside torch's default 25 MiB."""
+    caps = out[out["overlap"] & (out["round_robin_groups"] == 1) & (out["sync_every"] == 1)]
+    rows = []
+    for (model, ws, net), sel in caps.groupby(["model", "world_size", "net"]):
+        sel = sel.set_index("bucket_cap_mb")
+        rec, best = sel["predicted_ms"].idxmin(), sel["measured_ms"].idxmin()
+        rows.append(dict(model=model, world_size=ws, net=net, recommended_mb=rec, best_measured_mb=best,
+                         recommended_over_best=sel.loc[rec, "measured_ms"] / sel.loc[best, "measured_ms"],
+                         default_over_best=sel["measured_ms"].get(25.0, float("nan")) / sel.loc[best, "measured_ms"]))
+    return pd.DataFrame(rows).round(3)
 
 
 def plot(out: pd.DataFrame, root=None):
@@ -138,6 +169,7 @@ def main(argv: list[str] | None = None) -> int:
     def body() -> int:
         out = run(parse_dataclass(Config, argv, prog=prog))
         print(summary(out).to_string())
+        print(tuning(out).to_string(index=False))
         print(f"wrote {plot(out)}")
         return 0
     return command_line(prog, body)

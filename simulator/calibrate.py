@@ -38,9 +38,8 @@ from harness.runner import machine_metadata
 from .comm import AlphaBeta, Fit, fit_ring
 from .iteration import ComputeProfile
 
-VERSION = 5  # 5: compute of each iteration's slowest rank; 4: alpha from a stream of calls; 3: comm_contention;
-#              2: probe sizes up to the gradient's (1 stopped at 32 MiB, and an emulated link's burst made its
-#              fitted rate ~25% fast for DDP's buckets)
+VERSION = 4  # 4: alpha from a stream of calls; 3: comm_contention; 2: probe sizes up to the gradient's (1
+#              stopped at 32 MiB, and an emulated link's burst made its fitted rate ~25% fast for DDP's buckets)
 MIB = 1024 * 1024
 PROBE_SIZES = (4 * 1024, 64 * 1024, MIB, 8 * MIB, 32 * MIB, 128 * MIB)  # bytes per allreduce call, up to ...
 STREAM_CALLS = 64  # 4 KiB calls launched back to back: the per-call latency DDP's buckets pay
@@ -100,15 +99,6 @@ def _median(values) -> float:
     return float(statistics.median(values))
 
 
-def _slowest(rows: list[dict], key: str, param: int | None = None) -> list[float]:
-    """Per probe iteration, the slowest rank's time: DDP synchronizes the ranks in every iteration (buffers
-    before forward, each bucket's allreduce in backward), so each iteration waits for whichever rank is slowest
-    in it, which on shared cores is more than the slowest rank's median (for ``param``: its gradient's ready
-    time, as a bucket is ready when its gradients are ready on every rank)."""
-    per_rank = [r[key] if param is None else [it[param] for it in r[key]] for r in rows]
-    return [max(times) for times in zip(*per_rank)]
-
-
 def _timed_allreduce(buf: torch.Tensor, ctx) -> float:
     dist.barrier(group=ctx.group)
     t0 = time.perf_counter()
@@ -149,7 +139,8 @@ def probe_rank(ctx, cfg: TrainConfig) -> list[dict]:
             (covered - t1) * 1e3
 
     runs = [iteration() for _ in range(cfg.warmup + cfg.iters)][cfg.warmup:]
-    backward = _median(r[1] for r in runs)
+    forward, backward, opt = (_median(r[k] for r in runs) for k in range(3))
+    ready = [_median(r[3][i] for r in runs) for i in range(len(params))]
 
     grad_bytes = sum(p.numel() * p.element_size() for p in params)
     samples = []
@@ -170,19 +161,18 @@ def probe_rank(ctx, cfg: TrainConfig) -> list[dict]:
     ctx.synchronize()
     stream_call_ms = (time.perf_counter() - t0) * 1e3 / STREAM_CALLS
 
-    contended, comm_contention = [r[1] for r in runs], 0.0
+    contended, comm_contention = backward, 0.0
     if ctx.world_size > 1:  # an allreduce 1.5x as long as the backward, the same size on every rank
         steps = 2 * (ctx.world_size - 1)
         want = (1.5 * backward - steps * comm.alpha_ms) / max(steps / ctx.world_size * comm.beta_ms_per_byte, 1e-12)
         size = torch.tensor([min(MAX_COVER_BYTES, max(32 * MIB, want))], dtype=torch.float64)
         dist.all_reduce(size, op=dist.ReduceOp.MAX, group=ctx.group)
         cover = torch.zeros(int(size.item()) // 4, dtype=torch.float32, device=ctx.device)
-        under_comm = [iteration(cover) for _ in range(max(2, cfg.iters // 2))]
-        contended = [r[1] for r in under_comm]
+        runs = [iteration(cover) for _ in range(max(2, cfg.iters // 2))]
+        contended = _median(r[1] for r in runs)
         # The allreduce ran over the whole backward; the time it took beyond its cost alone is what its bytes
         # lost while compute ran: a share x of the backward means they moved at rate 1 - x there.
-        lost = (_median(r[4] for r in under_comm) - comm.allreduce_ms(cover.numel() * 4, ctx.world_size)) \
-            / _median(contended)
+        lost = (_median(r[4] for r in runs) - comm.allreduce_ms(cover.numel() * 4, ctx.world_size)) / contended
         lost = min(max(lost, 0.0), 0.9)
         comm_contention = lost / (1 - lost)
 
@@ -195,8 +185,7 @@ def probe_rank(ctx, cfg: TrainConfig) -> list[dict]:
         copy.copy_(grads)
         ctx.synchronize()
         copy_ms.append((time.perf_counter() - t0) * 1e3)
-    return [dict(rank=ctx.rank, forward_ms=[r[0] for r in runs], backward_ms=[r[1] for r in runs],
-                 optimizer_ms=[r[2] for r in runs], ready_ms=[r[3] for r in runs],
+    return [dict(rank=ctx.rank, forward_ms=forward, backward_ms=backward, optimizer_ms=opt, ready_ms=ready,
                  param_bytes=[p.numel() * p.element_size() for p in params], contended_backward_ms=contended,
                  comm_contention=comm_contention, stream_call_ms=stream_call_ms,
                  comm_samples=samples, copy_ms_per_byte=_median(copy_ms[1:]) / (grads.numel() * grads.itemsize),
@@ -206,17 +195,18 @@ def probe_rank(ctx, cfg: TrainConfig) -> list[dict]:
 def calibrate(cfg: TrainConfig) -> Calibration:
     """Probe ``cfg``'s ranks and network now (its ``iters``/``warmup`` set the compute iterations)."""
     rows = run_point(cfg, fn=probe_rank)
-    ready = [_median(_slowest(rows, "ready_ms", i)) for i in range(len(rows[0]["param_bytes"]))]
-    backward = _median(_slowest(rows, "backward_ms"))
-    contended = _median(_slowest(rows, "contended_backward_ms"))
+    # DDP waits for the slowest rank: a bucket is ready when its gradients are ready on every rank.
+    ready = [max(r["ready_ms"][i] for r in rows) for i in range(len(rows[0]["ready_ms"]))]
+    backward = max(r["backward_ms"] for r in rows)
+    contended = max(r["contended_backward_ms"] for r in rows)
     samples = [tuple(s) for s in rows[0]["comm_samples"]]
     fit = None
     if cfg.world_size > 1:  # alpha as a stream of DDP's calls pays it (4 KiB calls: the bytes term is negligible)
         fit = fit_link(samples, alpha_ms=_median(r["stream_call_ms"] for r in rows) / (2 * (cfg.world_size - 1)))
     profile = ComputeProfile(param_bytes=tuple(rows[0]["param_bytes"]), backward_ms=backward,
                              ready_ms=tuple(min(r, backward) for r in ready),
-                             forward_ms=_median(_slowest(rows, "forward_ms")),
-                             optimizer_ms=_median(_slowest(rows, "optimizer_ms")),
+                             forward_ms=_median(r["forward_ms"] for r in rows),
+                             optimizer_ms=_median(r["optimizer_ms"] for r in rows),
                              contention=max(0.0, contended / backward - 1),
                              comm_contention=_median(r["comm_contention"] for r in rows))
     point = {**config_columns(cfg), "net_rate_mbit": rows[0].get("net_rate_mbit")}

@@ -51,17 +51,6 @@ def test_calibration_files_round_trip_and_refuse_other_versions(tmp_path):
         Calibration.load(path)
 
 
-def test_probe_compute_is_each_iterations_slowest_rank():
-    from simulator.calibrate import _slowest
-
-    # two ranks, three iterations: the slower rank changes between iterations, as on shared cores
-    rows = [dict(backward_ms=[10.0, 30.0, 12.0], ready_ms=[[1.0, 9.0], [5.0, 29.0], [1.0, 11.0]]),
-            dict(backward_ms=[20.0, 11.0, 13.0], ready_ms=[[2.0, 19.0], [1.0, 10.0], [2.0, 12.0]])]
-    assert _slowest(rows, "backward_ms") == [20.0, 30.0, 13.0]  # median 20, where each rank's median is 12 and 13
-    assert _slowest(rows, "ready_ms", 0) == [2.0, 5.0, 2.0]
-    assert _slowest(rows, "ready_ms", 1) == [19.0, 29.0, 12.0]
-
-
 def _predict(*args, cwd):
     return subprocess.run([sys.executable, "-m", "experiments", "predict", *args], cwd=cwd, capture_output=True,
                           text=True, timeout=600, env={"PYTHONPATH": str(REPO), "PATH": "/usr/bin:/bin",

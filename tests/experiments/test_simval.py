@@ -1,0 +1,38 @@
+"""The validation grid and the tuning check of ``make simval`` (no measurement: synthetic tables)."""
+import pandas as pd
+import pytest
+
+from experiments import simval
+
+
+def test_no_sync_points_measure_whole_cycles_after_one():
+    cfg = simval.Config(models=("small",), nets=("1gbit",), world_sizes=(), sync_every=(2, 8), no_sync_cycles=3)
+    [(probe, points)] = simval.groups(cfg)
+    no_sync = {p.sync_every: (p.iters, p.warmup) for p in points if p.sync_every > 1}
+    assert no_sync == {2: (6, 2), 8: (24, 8)}
+    assert probe.iters == cfg.iters and all(p.iters == cfg.iters for p in points if p.sync_every == 1)
+
+
+def _row(cap, measured, predicted, net="1gbit", **kw):
+    return {**dict(model="resnet50", world_size=2, net=net, bucket_cap_mb=cap, overlap=True, round_robin_groups=1,
+                   net_rate_mbit=1000.0, sync_every=1, measured_ms=measured, predicted_ms=predicted), **kw}
+
+
+def test_tuning_sets_the_recommended_cap_beside_the_best_measured():
+    out = pd.DataFrame([_row(1, 110, 100), _row(5, 100, 105), _row(25, 104, 103),
+                        _row(5, 50, 90, overlap=False), _row(1, 60, 60, sync_every=2),  # not cap points
+                        _row(5, 200, 210, net="2gbit"), _row(25, 210, 200, net="2gbit")])
+    t = simval.tuning(out).set_index("net")
+    assert t.loc["1gbit", "recommended_mb"] == 1 and t.loc["1gbit", "best_measured_mb"] == 5
+    assert t.loc["1gbit", "recommended_over_best"] == pytest.approx(1.1)
+    assert t.loc["1gbit", "default_over_best"] == pytest.approx(1.04)
+    assert t.loc["2gbit", "recommended_mb"] == 25 and t.loc["2gbit", "recommended_over_best"] == pytest.approx(1.05)
+
+
+def test_rounds_combine_into_median_prediction_over_median_measurement():
+    rounds = pd.DataFrame([_row(5, 100, 90, round=0), _row(5, 120, 126, round=1), _row(5, 110, 99, round=2),
+                           _row(25, 200, 220, round=0)])
+    out = simval.combine(rounds).set_index("bucket_cap_mb")
+    assert out.loc[5, "rounds"] == 3 and out.loc[25, "rounds"] == 1
+    assert out.loc[5, "error_pct"] == pytest.approx((99 / 110 - 1) * 100)  # not the mean of per-round errors
+    assert out.loc[25, "error_pct"] == pytest.approx(10.0)
