@@ -3,10 +3,10 @@
 Backward produces gradients at the profile's ``ready_ms`` (slowed by ``contention`` while an allreduce moves
 bytes, as compute and communication share the host's cores; a call waiting out its latency does not). A bucket
 is ready with its last gradient and launches in index order (DDP's rule: every rank must issue the same
-allreduces in the same order); bucket b runs on channel b % groups,
-each channel one call after another (round-robin process groups). A call first spends its latency (the
-``alpha`` terms, the cost at 0 bytes), which holds no bandwidth, then moves its bytes; calls moving bytes at the
-same time share the link equally (processor sharing), so parallel channels hide latency but not bandwidth.
+allreduces in the same order); bucket b runs on channel b % groups, each channel one call after another
+(round-robin process groups). A call first spends its latency (the ``alpha`` terms, the cost at 0 bytes), which
+holds no bandwidth, then moves its bytes; calls moving bytes at the same time share the link equally (processor
+sharing), so parallel channels hide latency but not bandwidth.
 """
 from __future__ import annotations
 
