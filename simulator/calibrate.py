@@ -38,11 +38,13 @@ from harness.runner import machine_metadata
 from .comm import AlphaBeta, Fit, fit_ring
 from .iteration import ComputeProfile
 
-VERSION = 4  # 4: alpha from a stream of calls; 3: comm_contention; 2: probe sizes up to the gradient's (1
-#              stopped at 32 MiB, and an emulated link's burst made its fitted rate ~25% fast for DDP's buckets)
+VERSION = 5  # 5: alpha from warm streams (the first is 5-7x slower); 4: alpha from a stream of calls;
+#              3: comm_contention; 2: probe sizes up to the gradient's (1 stopped at 32 MiB, and an emulated
+#              link's burst made its fitted rate ~25% fast for DDP's buckets)
 MIB = 1024 * 1024
 PROBE_SIZES = (4 * 1024, 64 * 1024, MIB, 8 * MIB, 32 * MIB, 128 * MIB)  # bytes per allreduce call, up to ...
 STREAM_CALLS = 64  # 4 KiB calls launched back to back: the per-call latency DDP's buckets pay
+STREAMS = 4  # streams timed; the first only warms the calls up
 PROBE_CALLS = 3  # timed calls per size, after one warm-up call (2 for calls of 32 MiB and more)
 MAX_COVER_BYTES = 512 * 1024 * 1024  # the contention probe's allreduce never allocates more
 
@@ -153,13 +155,18 @@ def probe_rank(ctx, cfg: TrainConfig) -> list[dict]:
     comm = fit_link(samples).model if ctx.world_size > 1 else AlphaBeta(0.0, 0.0)
     # A stream of small calls launched back to back, as DDP launches its buckets: what one call adds there
     # (barrier-separated calls also pay each round trip's wake-up, which a stream overlaps).
+    # The first stream in a process runs 5-7x slower per call (0.2-0.3 ms warm, 1.6 ms cold at 2 ranks), and
+    # DDP's calls are warm: the median of the streams after the first.
     stream = torch.zeros(STREAM_CALLS * 1024, dtype=torch.float32, device=ctx.device).split(1024)
-    dist.barrier(group=ctx.group)
-    t0 = time.perf_counter()
-    for work in [dist.all_reduce(chunk, group=ctx.group, async_op=True) for chunk in stream]:
-        work.wait()
-    ctx.synchronize()
-    stream_call_ms = (time.perf_counter() - t0) * 1e3 / STREAM_CALLS
+    stream_ms = []
+    for _ in range(STREAMS):
+        dist.barrier(group=ctx.group)
+        t0 = time.perf_counter()
+        for work in [dist.all_reduce(chunk, group=ctx.group, async_op=True) for chunk in stream]:
+            work.wait()
+        ctx.synchronize()
+        stream_ms.append((time.perf_counter() - t0) * 1e3 / STREAM_CALLS)
+    stream_call_ms = _median(stream_ms[1:])
 
     contended, comm_contention = backward, 0.0
     if ctx.world_size > 1:  # an allreduce 1.5x as long as the backward, the same size on every rank
