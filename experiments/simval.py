@@ -16,6 +16,7 @@ stored, so an interrupted run predicts from the probe its points were measured b
 from __future__ import annotations
 
 import dataclasses
+import itertools
 import sys
 from dataclasses import dataclass
 
@@ -81,7 +82,7 @@ def run(cfg: Config, root=None) -> pd.DataFrame:
     from simulator.predict import Scenario, predict
 
     records = []
-    for r, (probe, points) in ((r, g) for r in range(cfg.rounds) for g in groups(cfg)):
+    for r, (probe, points) in itertools.product(range(cfg.rounds), groups(cfg)):
         points = [dataclasses.replace(p, repeat=r) for p in points]
         path = results_root(root) / EXPERIMENT / "calibrations" / f"r{r}-{calibration_path(probe).name}"
         if path.exists() and {point_id(validate(p)) for p in points} <= stored_point_ids(EXPERIMENT, root):
