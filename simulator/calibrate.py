@@ -8,9 +8,13 @@ would be measured on, and measures on every rank at once (they share the cores, 
 * compute: iterations without DDP: forward, backward, optimizer step, and each parameter's gradient-ready time
   (post-accumulate-grad hooks), the order and timing DDP's buckets follow;
 * communication: allreduces of 4 KiB up to the gradient's size (at most 128 MiB) on the point's link, fitted
-  to the ring alpha-beta model (:func:`fit_link`);
-* contention: the backward again while one allreduce long enough to cover it runs (what overlap costs the
-  compute where communication runs on the same cores, and what the compute costs the allreduce's bytes);
+  to the ring alpha-beta model (:func:`fit_link`) for the cost per byte;
+* latency: backward passes that launch one 4 KiB allreduce per gradient as it becomes ready (DDP's calls at
+  cap 0); the per-call cost is the one with which the simulator reproduces when the last call finished
+  (:func:`latency_from_calls`);
+* contention: the backward alone and while one allreduce long enough to cover it runs, in pairs (what overlap
+  costs the compute where communication runs on the same cores, and what the compute costs the allreduce's
+  bytes);
 * copies: DDP copies each gradient into its bucket and back out; the rank's memory-copy rate prices that.
 
 The result is a :class:`Calibration`, stored as a versioned JSON file, so a prediction names what it came from.
@@ -35,16 +39,17 @@ from harness.models import compute_loss, input_spec, make_inputs, seeded_model
 from harness.results import git_commit
 from harness.runner import machine_metadata
 
-from .comm import AlphaBeta, Fit, fit_ring
-from .iteration import ComputeProfile
+from .comm import AlphaBeta, Fit, concurrent_calls, fit_ring
+from .iteration import ComputeProfile, buckets_for, simulate
 
-VERSION = 5  # 5: alpha from warm streams (the first is 5-7x slower); 4: alpha from a stream of calls;
+VERSION = 6  # 6: alpha from calls inside backward, contention from interleaved pairs; 5: alpha from warm streams;
+#              4: alpha from a stream of calls;
 #              3: comm_contention; 2: probe sizes up to the gradient's (1 stopped at 32 MiB, and an emulated
 #              link's burst made its fitted rate ~25% fast for DDP's buckets)
 MIB = 1024 * 1024
 PROBE_SIZES = (4 * 1024, 64 * 1024, MIB, 8 * MIB, 32 * MIB, 128 * MIB)  # bytes per allreduce call, up to ...
-STREAM_CALLS = 64  # 4 KiB calls launched back to back: the per-call latency DDP's buckets pay
-STREAMS = 4  # streams timed; the first only warms the calls up
+LATENCY_ITERS = 3  # backward passes with one 4 KiB allreduce per gradient (after one that warms them up)
+CONTENTION_PAIRS = 3  # (backward alone, backward under an allreduce) pairs
 PROBE_CALLS = 3  # timed calls per size, after one warm-up call (2 for calls of 32 MiB and more)
 MAX_COVER_BYTES = 512 * 1024 * 1024  # the contention probe's allreduce never allocates more
 
@@ -57,7 +62,7 @@ class Calibration:
     comm: AlphaBeta
     copy_ms_per_byte: float  # one memory copy of a gradient, per byte
     buffer_bytes: int  # broadcast by DDP before every forward (broadcast_buffers=True)
-    point: dict  # the probed point's config columns, plus the network rate used
+    point: dict  # the probed point's config columns, plus the network rate and the backend ("process_group") used
     fit: dict  # the alpha-beta fit's quality: r2, median/worst % error, samples
     meta: dict  # version, time, machine, git commit: what a prediction says it used
 
@@ -110,39 +115,56 @@ def _timed_allreduce(buf: torch.Tensor, ctx) -> float:
 
 
 def probe_rank(ctx, cfg: TrainConfig) -> list[dict]:
-    """One rank's probe (a ``run_point`` fn): compute, then communication, then compute under communication."""
+    """One rank's probe (a ``run_point`` fn): compute, then the link, then calls inside backward, then compute
+    under communication."""
     model = seeded_model(cfg.model, cfg.seed).to(ctx.device)
     inputs = make_inputs(cfg.model, input_spec(cfg.model, cfg.profile, cfg.batch_size), ctx.device,
                          seed=cfg.seed * 1000 + ctx.rank)
     params = [p for p in model.parameters() if p.requires_grad]
     stamps = [math.nan] * len(params)
+    tiny = torch.zeros(len(params), 1024, dtype=torch.float32, device=ctx.device)  # 4 KiB per gradient
+    stream: dict = {}  # during a latency-probe backward: its calls and their completion times
+
+    def on_ready(i: int) -> None:
+        stamps[i] = time.perf_counter()
+        if stream:  # DDP's calls at cap 0: one small allreduce per gradient, launched as it becomes ready
+            work = dist.all_reduce(tiny[i], group=ctx.group, async_op=True)
+            done = stream["done"]
+            work.get_future().add_done_callback(lambda _f: done.append(time.perf_counter()))
+            stream["calls"].append(work)
+
     for i, p in enumerate(params):
-        p.register_post_accumulate_grad_hook(lambda _p, i=i: stamps.__setitem__(i, time.perf_counter()))
+        p.register_post_accumulate_grad_hook(lambda _p, i=i: on_ready(i))
     optimizer = torch.optim.SGD(params, lr=cfg.lr)
 
-    def iteration(cover: torch.Tensor | None = None) -> tuple[float, float, float, list[float], float]:
+    def iteration(cover: torch.Tensor | None = None, calls: bool = False) -> dict:
         dist.barrier(group=ctx.group)
         t0 = time.perf_counter()
         loss = compute_loss(cfg.model, model, inputs)
         ctx.synchronize()
         t1 = time.perf_counter()
-        work = None if cover is None else dist.all_reduce(cover, group=ctx.group, async_op=True)
+        works = [] if cover is None else [dist.all_reduce(cover, group=ctx.group, async_op=True)]
+        if calls:
+            stream.update(calls=works, done=[])
         loss.backward()
         ctx.synchronize()
         t2 = time.perf_counter()
-        if work is not None:
+        done = stream.pop("done", [])
+        stream.clear()
+        for work in works:
             work.wait()
         covered = time.perf_counter()
         optimizer.step()
         optimizer.zero_grad(set_to_none=False)
         ctx.synchronize()
         t3 = time.perf_counter()
-        return (t1 - t0) * 1e3, (t2 - t1) * 1e3, (t3 - covered) * 1e3, [(s - t1) * 1e3 for s in stamps], \
-            (covered - t1) * 1e3
+        return dict(forward=(t1 - t0) * 1e3, backward=(t2 - t1) * 1e3, optimizer=(t3 - covered) * 1e3,
+                    ready=[(s - t1) * 1e3 for s in stamps], covered=(covered - t1) * 1e3,
+                    calls_done=(max(done, default=t1) - t1) * 1e3)
 
     runs = [iteration() for _ in range(cfg.warmup + cfg.iters)][cfg.warmup:]
-    forward, backward, opt = (_median(r[k] for r in runs) for k in range(3))
-    ready = [_median(r[3][i] for r in runs) for i in range(len(params))]
+    forward, backward, opt = (_median(r[k] for r in runs) for k in ("forward", "backward", "optimizer"))
+    ready = [_median(r["ready"][i] for r in runs) for i in range(len(params))]
 
     grad_bytes = sum(p.numel() * p.element_size() for p in params)
     samples = []
@@ -153,34 +175,27 @@ def probe_rank(ctx, cfg: TrainConfig) -> list[dict]:
         samples += [(ctx.world_size, nbytes, ms) for ms in times]
         del buf
     comm = fit_link(samples).model if ctx.world_size > 1 else AlphaBeta(0.0, 0.0)
-    # A stream of small calls launched back to back, as DDP launches its buckets: what one call adds there
-    # (barrier-separated calls also pay each round trip's wake-up, which a stream overlaps).
-    # The first stream in a process runs 5-7x slower per call (0.2-0.3 ms warm, 1.6 ms cold at 2 ranks), and
-    # DDP's calls are warm: the median of the streams after the first.
-    stream = torch.zeros(STREAM_CALLS * 1024, dtype=torch.float32, device=ctx.device).split(1024)
-    stream_ms = []
-    for _ in range(STREAMS):
-        dist.barrier(group=ctx.group)
-        t0 = time.perf_counter()
-        for work in [dist.all_reduce(chunk, group=ctx.group, async_op=True) for chunk in stream]:
-            work.wait()
-        ctx.synchronize()
-        stream_ms.append((time.perf_counter() - t0) * 1e3 / STREAM_CALLS)
-    stream_call_ms = _median(stream_ms[1:])
 
-    contended, comm_contention = backward, 0.0
-    if ctx.world_size > 1:  # an allreduce 1.5x as long as the backward, the same size on every rank
+    calls_done, contention, comm_contention = math.nan, 0.0, 0.0
+    if ctx.world_size > 1:
+        # What a call costs where DDP pays it: inside backward, launched as gradients become ready, while the
+        # ranks' compute threads hold the cores. The same calls back to back outside backward, or alone between
+        # barriers, cost per call a factor 2-5 apart between rank counts and runs on 2 cores, in no fixed
+        # relation to what DDP's calls cost. The first such backward warms the calls up.
+        calls_done = _median(r["calls_done"] for r in [iteration(calls=True) for _ in range(1 + LATENCY_ITERS)][1:])
+        # Contention: backward alone and under one allreduce 1.5x as long, in pairs, so that drift between the
+        # probe's phases (this host's speed moves within minutes) cancels.
         steps = 2 * (ctx.world_size - 1)
         want = (1.5 * backward - steps * comm.alpha_ms) / max(steps / ctx.world_size * comm.beta_ms_per_byte, 1e-12)
         size = torch.tensor([min(MAX_COVER_BYTES, max(32 * MIB, want))], dtype=torch.float64)
         dist.all_reduce(size, op=dist.ReduceOp.MAX, group=ctx.group)
         cover = torch.zeros(int(size.item()) // 4, dtype=torch.float32, device=ctx.device)
-        runs = [iteration(cover) for _ in range(max(2, cfg.iters // 2))]
-        contended = _median(r[1] for r in runs)
+        pairs = [(iteration(), iteration(cover)) for _ in range(CONTENTION_PAIRS)]
+        contention = _median(under["backward"] / alone["backward"] - 1 for alone, under in pairs)
         # The allreduce ran over the whole backward; the time it took beyond its cost alone is what its bytes
         # lost while compute ran: a share x of the backward means they moved at rate 1 - x there.
-        lost = (_median(r[4] for r in runs) - comm.allreduce_ms(cover.numel() * 4, ctx.world_size)) / contended
-        lost = min(max(lost, 0.0), 0.9)
+        alone_ms = comm.allreduce_ms(cover.numel() * 4, ctx.world_size)
+        lost = min(max(_median((r["covered"] - alone_ms) / r["backward"] for _, r in pairs), 0.0), 0.9)
         comm_contention = lost / (1 - lost)
 
     grads = torch.cat([p.detach().reshape(-1) for p in params])
@@ -192,11 +207,30 @@ def probe_rank(ctx, cfg: TrainConfig) -> list[dict]:
         copy.copy_(grads)
         ctx.synchronize()
         copy_ms.append((time.perf_counter() - t0) * 1e3)
-    return [dict(rank=ctx.rank, forward_ms=forward, backward_ms=backward, optimizer_ms=opt, ready_ms=ready,
-                 param_bytes=[p.numel() * p.element_size() for p in params], contended_backward_ms=contended,
-                 comm_contention=comm_contention, stream_call_ms=stream_call_ms,
+    return [dict(rank=ctx.rank, backend=ctx.backend, forward_ms=forward, backward_ms=backward, optimizer_ms=opt,
+                 ready_ms=ready,
+                 param_bytes=[p.numel() * p.element_size() for p in params], contention=contention,
+                 comm_contention=comm_contention, calls_done_ms=calls_done,
                  comm_samples=samples, copy_ms_per_byte=_median(copy_ms[1:]) / (grads.numel() * grads.itemsize),
                  buffer_bytes=sum(b.numel() * b.element_size() for b in model.buffers()))]
+
+
+def latency_from_calls(profile: ComputeProfile, done_ms: float, world_size: int, concurrent: int = 1) -> float:
+    """The per-step latency alpha with which the simulator reproduces ``done_ms``: when the last of one small
+    allreduce per gradient, each launched as its gradient became ready (at ``profile.ready_ms``), completed."""
+    buckets = buckets_for(profile, 0.0)  # one per gradient, in ready order; with beta = 0 their size is moot
+
+    def last_done(alpha_ms: float) -> float:
+        comm = AlphaBeta(alpha_ms, 0.0)
+        return max(simulate(profile, buckets, comm, world_size, concurrent=concurrent).done_ms)
+
+    if world_size < 2 or last_done(0.0) >= done_ms:
+        return 0.0
+    lo, hi = 0.0, concurrent * done_ms / (2 * (world_size - 1))  # the calls alone at hi already take done_ms
+    while hi - lo > 1e-3 * hi:
+        mid = (lo + hi) / 2
+        lo, hi = (mid, hi) if last_done(mid) < done_ms else (lo, mid)
+    return (lo + hi) / 2
 
 
 def calibrate(cfg: TrainConfig) -> Calibration:
@@ -205,18 +239,19 @@ def calibrate(cfg: TrainConfig) -> Calibration:
     # DDP waits for the slowest rank: a bucket is ready when its gradients are ready on every rank.
     ready = [max(r["ready_ms"][i] for r in rows) for i in range(len(rows[0]["ready_ms"]))]
     backward = max(r["backward_ms"] for r in rows)
-    contended = max(r["contended_backward_ms"] for r in rows)
-    samples = [tuple(s) for s in rows[0]["comm_samples"]]
-    fit = None
-    if cfg.world_size > 1:  # alpha as a stream of DDP's calls pays it (4 KiB calls: the bytes term is negligible)
-        fit = fit_link(samples, alpha_ms=_median(r["stream_call_ms"] for r in rows) / (2 * (cfg.world_size - 1)))
     profile = ComputeProfile(param_bytes=tuple(rows[0]["param_bytes"]), backward_ms=backward,
                              ready_ms=tuple(min(r, backward) for r in ready),
                              forward_ms=_median(r["forward_ms"] for r in rows),
                              optimizer_ms=_median(r["optimizer_ms"] for r in rows),
-                             contention=max(0.0, contended / backward - 1),
+                             contention=max(0.0, _median(r["contention"] for r in rows)),
                              comm_contention=_median(r["comm_contention"] for r in rows))
-    point = {**config_columns(cfg), "net_rate_mbit": rows[0].get("net_rate_mbit")}
+    samples = [tuple(s) for s in rows[0]["comm_samples"]]
+    fit = None
+    if cfg.world_size > 1:  # the bytes' cost from the link's calls, the per-call cost from the calls in backward
+        alpha = latency_from_calls(profile, _median(r["calls_done_ms"] for r in rows), cfg.world_size,
+                                   concurrent_calls(rows[0]["backend"]))
+        fit = fit_link(samples, alpha_ms=alpha)
+    point = {**config_columns(cfg), "net_rate_mbit": rows[0].get("net_rate_mbit"), "process_group": rows[0]["backend"]}
     now = datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")
     meta = dict(version=VERSION, created_at=now, git_commit=git_commit(), **machine_metadata())
     quality = {} if fit is None else dict(r2=fit.r2, median_abs_pct_error=fit.median_abs_pct_error,

@@ -14,6 +14,12 @@ from typing import Iterable, Protocol
 import numpy as np
 
 
+def concurrent_calls(backend: str) -> int:
+    """Calls one process group runs at once: Gloo's runs each on one of its 2 worker threads (``threads{2}`` in
+    torch's ProcessGroupGloo options), NCCL's queue them on one stream."""
+    return 2 if backend == "gloo" else 1
+
+
 class CommModel(Protocol):
     """What the simulator needs: a cost affine in ``nbytes`` (its value at 0 bytes is the call's latency)."""
 

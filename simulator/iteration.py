@@ -3,10 +3,11 @@
 Backward produces gradients at the profile's ``ready_ms`` (slowed by ``contention`` while an allreduce moves
 bytes, as compute and communication share the host's cores; a call waiting out its latency does not). A bucket
 is ready with its last gradient and launches in index order (DDP's rule: every rank must issue the same
-allreduces in the same order); bucket b runs on channel b % groups, each channel one call after another
-(round-robin process groups). A call first spends its latency (the ``alpha`` terms, the cost at 0 bytes), which
-holds no bandwidth, then moves its bytes; calls moving bytes at the same time share the link equally (processor
-sharing), so parallel channels hide latency but not bandwidth.
+allreduces in the same order); bucket b goes to process group b % groups (round-robin process groups), whose
+calls run in launch order, up to ``concurrent`` at a time (Gloo's process group runs 2 worker threads, so two
+calls overlap; NCCL's one stream runs one). A call first spends its latency (the ``alpha`` terms, the cost at
+0 bytes), which holds no bandwidth, then moves its bytes; calls moving bytes at the same time share the link
+equally (processor sharing), so parallel calls hide latency but not bandwidth.
 """
 from __future__ import annotations
 
@@ -96,7 +97,8 @@ class Prediction:
         return {k: list(v) if isinstance(v, tuple) else v for k, v in asdict(self).items()}
 
 
-def _backward(p: ComputeProfile, buckets, comm: CommModel, world_size: int, overlap: bool, groups: int):
+def _backward(p: ComputeProfile, buckets, comm: CommModel, world_size: int, overlap: bool, groups: int,
+              concurrent: int = 1):
     """Event loop over one synchronized backward: per-bucket ready/launch/start/done times and compute end."""
     n = len(buckets)
     needs = [max((p.ready_ms[i] for i in b.param_indices), default=0.0) for b in buckets]
@@ -104,7 +106,7 @@ def _backward(p: ComputeProfile, buckets, comm: CommModel, world_size: int, over
     work = [max(0.0, comm.allreduce_ms(b.nbytes, world_size) - latency) for b in buckets]
     ready, launch, start, done = ([None] * n for _ in range(4))
     queues = [deque() for _ in range(groups)]
-    running: dict[int, list] = {}  # channel -> [bucket, latency left, work left at full bandwidth]
+    running: dict[tuple[int, int], list] = {}  # (group, slot) -> [bucket, latency left, work left at full rate]
     t = progress = 0.0
     compute_end, launched = None, 0
     while True:
@@ -117,15 +119,16 @@ def _backward(p: ComputeProfile, buckets, comm: CommModel, world_size: int, over
             launch[launched] = t
             queues[launched % groups].append(launched)
             launched += 1
-        for ch, queue in enumerate(queues):
-            job = running.get(ch)
-            if job and job[1] <= 0 and job[2] <= EPS:
+        for slot, job in list(running.items()):
+            if job[1] <= 0 and job[2] <= EPS:
                 done[job[0]] = t
-                del running[ch]
-            if ch not in running and queue:
-                b = queue.popleft()
-                start[b] = t
-                running[ch] = [b, latency, work[b]]
+                del running[slot]
+        for g, queue in enumerate(queues):
+            for slot in ((g, k) for k in range(concurrent)):
+                if slot not in running and queue:
+                    b = queue.popleft()
+                    start[b] = t
+                    running[slot] = [b, latency, work[b]]
         if compute_end is not None and not running:
             return ready, launch, start, done, compute_end
         sharing = sum(1 for job in running.values() if job[1] <= 0)  # calls moving bytes
@@ -147,13 +150,16 @@ def _backward(p: ComputeProfile, buckets, comm: CommModel, world_size: int, over
 
 
 def simulate(profile: ComputeProfile, buckets: list[Bucket], comm: CommModel, world_size: int, *,
-             overlap: bool = True, groups: int = 1, sync_every: int = 1) -> Prediction:
+             overlap: bool = True, groups: int = 1, sync_every: int = 1, concurrent: int = 1) -> Prediction:
     """Predict an iteration: ``overlap=False`` launches every bucket when backward ends; ``groups`` round-robin
-    channels; ``sync_every = n`` averages n-1 local iterations (no communication, no optimizer step, as the
-    runner accumulates gradients) with one synchronized iteration."""
-    if world_size < 1 or groups < 1 or sync_every < 1:
-        raise ValueError(f"need world_size, groups, sync_every >= 1, got {world_size}, {groups}, {sync_every}")
-    ready, launch, start, done, compute_end = _backward(profile, buckets, comm, world_size, overlap, groups)
+    process groups, each running up to ``concurrent`` calls at once; ``sync_every = n`` averages n-1 local
+    iterations (no communication, no optimizer step, as the runner accumulates gradients) with one synchronized
+    iteration."""
+    if world_size < 1 or groups < 1 or sync_every < 1 or concurrent < 1:
+        raise ValueError(f"need world_size, groups, sync_every, concurrent >= 1, got {world_size}, {groups}, "
+                         f"{sync_every}, {concurrent}")
+    ready, launch, start, done, compute_end = _backward(profile, buckets, comm, world_size, overlap, groups,
+                                                        concurrent)
     backward = max([compute_end, *done])
     p = profile
     synced = p.forward_ms + backward + p.optimizer_ms + p.other_ms

@@ -10,7 +10,7 @@ import itertools
 from dataclasses import dataclass, replace
 
 from .calibrate import Calibration
-from .comm import CommModel
+from .comm import CommModel, concurrent_calls
 from .iteration import ComputeProfile, Prediction, buckets_for, simulate
 
 
@@ -45,8 +45,9 @@ def predict(cal: Calibration, scenario: Scenario, comm: CommModel | None = None)
     copy_out_ms = sum(profile.param_bytes) * cal.copy_ms_per_byte
     profile = replace(profile, forward_ms=profile.forward_ms + broadcast_ms)
     buckets = buckets_for(profile, scenario.bucket_cap_mb)
+    backend = cal.point.get("process_group") or cal.point["backend"]  # a probe's concrete backend, or a cluster's
     sim: Prediction = simulate(profile, buckets, comm, world_size, overlap=scenario.overlap,
-                               groups=scenario.round_robin_groups)
+                               groups=scenario.round_robin_groups, concurrent=concurrent_calls(backend))
     n = scenario.sync_every
     synced = sim.synced_ms + copy_out_ms
     local = profile.forward_ms + cal.profile.backward_ms + profile.other_ms  # no_sync: no bucket copies

@@ -5,6 +5,7 @@ import torch
 
 from ddp_impl.buckets import MIB, ParamSpec, assign_buckets
 from simulator import AlphaBeta, ComputeProfile, TwoTier, buckets_for, fit_ring, simulate
+from simulator.calibrate import latency_from_calls
 
 # p = 2: a call costs 2(p-1)*alpha + 2(p-1)/p * n * beta = 2*0.5 + 1 * 400 * 0.01 = 1 ms latency + 4 ms of bytes
 COMM = AlphaBeta(alpha_ms=0.5, beta_ms_per_byte=0.01)
@@ -117,6 +118,37 @@ def test_round_robin_groups_share_bandwidth():
     assert two.done_ms == pytest.approx((7.0, 9.0))
     assert two.total_ms == pytest.approx(16.0)
     assert two.comm_ms == pytest.approx(14.0)  # 7 + 7
+
+
+def test_concurrent_calls_in_one_group_hide_latency_not_bytes():
+    prof = ComputeProfile((400, 400), ready_ms=(0.0, 0.0), backward_ms=0.0, forward_ms=5.0, optimizer_ms=2.0)
+    buckets = buckets_for(prof, 0)  # both ready at 0: each call 1 ms latency + 4 ms of bytes
+    # one at a time: 0..1 latency, 1..5 bytes; then 5..6, 6..10
+    assert simulate(prof, buckets, COMM, 2).done_ms == pytest.approx((5.0, 10.0))
+    # two at a time (Gloo's two worker threads): both wait 0..1, then share the link: 8 ms of bytes -> both at 9
+    two = simulate(prof, buckets, COMM, 2, concurrent=2)
+    assert two.start_ms == pytest.approx((0.0, 0.0))
+    assert two.done_ms == pytest.approx((9.0, 9.0))
+    # as many groups with one call each: the same
+    assert simulate(prof, buckets, COMM, 2, groups=2).done_ms == pytest.approx((9.0, 9.0))
+    with pytest.raises(ValueError, match="concurrent"):
+        simulate(prof, buckets, COMM, 2, concurrent=0)
+
+
+def test_latency_from_calls_inverts_the_simulator():
+    # gradients ready at 0, 10, 20 ms; one call per gradient, 2 steps each (p = 2): the calls never queue, so the
+    # last is done at 20 + 2 * alpha: done at 23 -> alpha 1.5, whether one or two calls may run at once
+    spread = ComputeProfile((4, 4, 4), ready_ms=(20.0, 10.0, 0.0), backward_ms=20.0, forward_ms=0.0,
+                            optimizer_ms=0.0)
+    assert latency_from_calls(spread, 23.0, 2) == pytest.approx(1.5, rel=2e-3)
+    assert latency_from_calls(spread, 23.0, 2, concurrent=2) == pytest.approx(1.5, rel=2e-3)
+    # four gradients ready at once: one at a time the last is done at 4 * 2 * alpha, two at a time at 2 * 2 * alpha
+    burst = ComputeProfile((4,) * 4, ready_ms=(0.0,) * 4, backward_ms=0.0, forward_ms=0.0, optimizer_ms=0.0)
+    assert latency_from_calls(burst, 12.0, 2) == pytest.approx(1.5, rel=2e-3)
+    assert latency_from_calls(burst, 12.0, 2, concurrent=2) == pytest.approx(3.0, rel=2e-3)
+    # done before a call could have run at all, or one rank: no latency
+    assert latency_from_calls(spread, 19.0, 2) == 0.0
+    assert latency_from_calls(spread, 23.0, 1) == 0.0
 
 
 def test_contention_slows_compute():
