@@ -9,9 +9,9 @@ would be measured on, and measures on every rank at once (they share the cores, 
   (post-accumulate-grad hooks), the order and timing DDP's buckets follow;
 * communication: allreduces of 4 KiB up to the gradient's size (at most 128 MiB) on the point's link, fitted
   to the ring alpha-beta model (:func:`fit_link`) for the cost per byte;
-* latency: backward passes that launch one 4 KiB allreduce per gradient as it becomes ready (DDP's calls at
-  cap 0); the per-call cost is the one with which the simulator reproduces when the last call finished
-  (:func:`latency_from_calls`);
+* latency: backward passes that launch one allreduce per gradient, of its size, as it becomes ready (DDP's
+  calls at cap 0, without DDP); the per-call cost is the one with which the simulator, given the link's cost
+  per byte, reproduces when the last call finished (:func:`latency_from_calls`);
 * contention: the backward alone and while one allreduce long enough to cover it runs, in pairs (what overlap
   costs the compute where communication runs on the same cores, and what the compute costs the allreduce's
   bytes);
@@ -42,13 +42,13 @@ from harness.runner import machine_metadata
 from .comm import AlphaBeta, Fit, concurrent_calls, fit_ring
 from .iteration import ComputeProfile, buckets_for, simulate
 
-VERSION = 6  # 6: alpha from calls inside backward, contention from interleaved pairs; 5: alpha from warm streams;
+VERSION = 6  # 6: alpha from per-gradient calls in backward, contention from interleaved pairs; 5: warm streams;
 #              4: alpha from a stream of calls;
 #              3: comm_contention; 2: probe sizes up to the gradient's (1 stopped at 32 MiB, and an emulated
 #              link's burst made its fitted rate ~25% fast for DDP's buckets)
 MIB = 1024 * 1024
 PROBE_SIZES = (4 * 1024, 64 * 1024, MIB, 8 * MIB, 32 * MIB, 128 * MIB)  # bytes per allreduce call, up to ...
-LATENCY_ITERS = 3  # backward passes with one 4 KiB allreduce per gradient (after one that warms them up)
+LATENCY_ITERS = 3  # backward passes with one allreduce per gradient (after one that warms them up)
 CONTENTION_PAIRS = 3  # (backward alone, backward under an allreduce) pairs
 PROBE_CALLS = 3  # timed calls per size, after one warm-up call (2 for calls of 32 MiB and more)
 MAX_COVER_BYTES = 512 * 1024 * 1024  # the contention probe's allreduce never allocates more
@@ -122,13 +122,13 @@ def probe_rank(ctx, cfg: TrainConfig) -> list[dict]:
                          seed=cfg.seed * 1000 + ctx.rank)
     params = [p for p in model.parameters() if p.requires_grad]
     stamps = [math.nan] * len(params)
-    tiny = torch.zeros(len(params), 1024, dtype=torch.float32, device=ctx.device)  # 4 KiB per gradient
+    buffers = [torch.zeros_like(p) for p in params]  # what the latency probe reduces, one per gradient
     stream: dict = {}  # during a latency-probe backward: its calls and their completion times
 
     def on_ready(i: int) -> None:
         stamps[i] = time.perf_counter()
-        if stream:  # DDP's calls at cap 0: one small allreduce per gradient, launched as it becomes ready
-            work = dist.all_reduce(tiny[i], group=ctx.group, async_op=True)
+        if stream:  # DDP's calls at cap 0: one allreduce of each gradient's size, launched as it becomes ready
+            work = dist.all_reduce(buffers[i], group=ctx.group, async_op=True)
             done = stream["done"]
             work.get_future().add_done_callback(lambda _f: done.append(time.perf_counter()))
             stream["calls"].append(work)
@@ -178,10 +178,10 @@ def probe_rank(ctx, cfg: TrainConfig) -> list[dict]:
 
     calls_done, contention, comm_contention = math.nan, 0.0, 0.0
     if ctx.world_size > 1:
-        # What a call costs where DDP pays it: inside backward, launched as gradients become ready, while the
-        # ranks' compute threads hold the cores. The same calls back to back outside backward, or alone between
-        # barriers, cost per call a factor 2-5 apart between rank counts and runs on 2 cores, in no fixed
-        # relation to what DDP's calls cost. The first such backward warms the calls up.
+        # What a call costs where DDP pays it: inside backward, one per gradient as it becomes ready, carrying
+        # the gradient's bytes, while the ranks' compute threads hold the cores. Small calls alone (between
+        # barriers, back to back, or inside backward) cost per call a factor 2-5 apart between rank counts and
+        # runs on 2 cores, and several times what a call costs DDP while bytes flow. The first one warms up.
         calls_done = _median(r["calls_done"] for r in [iteration(calls=True) for _ in range(1 + LATENCY_ITERS)][1:])
         # Contention: backward alone and under one allreduce 1.5x as long, in pairs, so that drift between the
         # probe's phases (this host's speed moves within minutes) cancels.
@@ -215,18 +215,20 @@ def probe_rank(ctx, cfg: TrainConfig) -> list[dict]:
                  buffer_bytes=sum(b.numel() * b.element_size() for b in model.buffers()))]
 
 
-def latency_from_calls(profile: ComputeProfile, done_ms: float, world_size: int, concurrent: int = 1) -> float:
-    """The per-step latency alpha with which the simulator reproduces ``done_ms``: when the last of one small
-    allreduce per gradient, each launched as its gradient became ready (at ``profile.ready_ms``), completed."""
-    buckets = buckets_for(profile, 0.0)  # one per gradient, in ready order; with beta = 0 their size is moot
+def latency_from_calls(profile: ComputeProfile, done_ms: float, world_size: int, concurrent: int = 1,
+                       beta_ms_per_byte: float = 0.0) -> float:
+    """The per-step latency alpha with which the simulator reproduces ``done_ms``: when the last of one
+    allreduce per gradient (its size, at ``beta_ms_per_byte``), each launched as its gradient became ready,
+    completed. 0 if the bytes alone already take that long."""
+    buckets = buckets_for(profile, 0.0)  # one per gradient, in ready order
 
     def last_done(alpha_ms: float) -> float:
-        comm = AlphaBeta(alpha_ms, 0.0)
+        comm = AlphaBeta(alpha_ms, beta_ms_per_byte)
         return max(simulate(profile, buckets, comm, world_size, concurrent=concurrent).done_ms)
 
     if world_size < 2 or last_done(0.0) >= done_ms:
         return 0.0
-    lo, hi = 0.0, concurrent * done_ms / (2 * (world_size - 1))  # the calls alone at hi already take done_ms
+    lo, hi = 0.0, concurrent * done_ms / (2 * (world_size - 1))  # one call alone at hi already takes done_ms
     while hi - lo > 1e-3 * hi:
         mid = (lo + hi) / 2
         lo, hi = (mid, hi) if last_done(mid) < done_ms else (lo, mid)
@@ -236,20 +238,23 @@ def latency_from_calls(profile: ComputeProfile, done_ms: float, world_size: int,
 def calibrate(cfg: TrainConfig) -> Calibration:
     """Probe ``cfg``'s ranks and network now (its ``iters``/``warmup`` set the compute iterations)."""
     rows = run_point(cfg, fn=probe_rank)
-    # DDP waits for the slowest rank: a bucket is ready when its gradients are ready on every rank.
+    # DDP waits for the slowest rank: a bucket is ready when its gradients are ready on every rank, and the
+    # buffer broadcast at the start of forward waits for the last rank's optimizer step; ranks sharing 2 cores
+    # differ by up to 1.5x in a phase (at 3 ranks: forward 72-114 ms, optimizer 27-39 ms).
     ready = [max(r["ready_ms"][i] for r in rows) for i in range(len(rows[0]["ready_ms"]))]
     backward = max(r["backward_ms"] for r in rows)
     profile = ComputeProfile(param_bytes=tuple(rows[0]["param_bytes"]), backward_ms=backward,
                              ready_ms=tuple(min(r, backward) for r in ready),
-                             forward_ms=_median(r["forward_ms"] for r in rows),
-                             optimizer_ms=_median(r["optimizer_ms"] for r in rows),
+                             forward_ms=max(r["forward_ms"] for r in rows),
+                             optimizer_ms=max(r["optimizer_ms"] for r in rows),
                              contention=max(0.0, _median(r["contention"] for r in rows)),
                              comm_contention=_median(r["comm_contention"] for r in rows))
     samples = [tuple(s) for s in rows[0]["comm_samples"]]
     fit = None
     if cfg.world_size > 1:  # the bytes' cost from the link's calls, the per-call cost from the calls in backward
+        beta = fit_link(samples).model.beta_ms_per_byte
         alpha = latency_from_calls(profile, _median(r["calls_done_ms"] for r in rows), cfg.world_size,
-                                   concurrent_calls(rows[0]["backend"]))
+                                   concurrent_calls(rows[0]["backend"]), beta)
         fit = fit_link(samples, alpha_ms=alpha)
     point = {**config_columns(cfg), "net_rate_mbit": rows[0].get("net_rate_mbit"), "process_group": rows[0]["backend"]}
     now = datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")

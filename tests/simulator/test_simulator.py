@@ -146,8 +146,13 @@ def test_latency_from_calls_inverts_the_simulator():
     burst = ComputeProfile((4,) * 4, ready_ms=(0.0,) * 4, backward_ms=0.0, forward_ms=0.0, optimizer_ms=0.0)
     assert latency_from_calls(burst, 12.0, 2) == pytest.approx(1.5, rel=2e-3)
     assert latency_from_calls(burst, 12.0, 2, concurrent=2) == pytest.approx(3.0, rel=2e-3)
-    # done before a call could have run at all, or one rank: no latency
+    # with bytes: two 400-byte gradients ready at 0, 4 ms of bytes each (beta 0.01), one call at a time: the
+    # last is done at 2a + 4 + 2a + 4; done at 12 -> a = 1
+    two = ComputeProfile((400, 400), ready_ms=(0.0, 0.0), backward_ms=0.0, forward_ms=0.0, optimizer_ms=0.0)
+    assert latency_from_calls(two, 12.0, 2, beta_ms_per_byte=0.01) == pytest.approx(1.0, rel=2e-3)
+    # done before a call could have run at all (or its bytes moved), or one rank: no latency
     assert latency_from_calls(spread, 19.0, 2) == 0.0
+    assert latency_from_calls(two, 7.0, 2, beta_ms_per_byte=0.01) == 0.0
     assert latency_from_calls(spread, 23.0, 1) == 0.0
 
 
