@@ -208,10 +208,9 @@ def probe_rank(ctx, cfg: TrainConfig) -> list[dict]:
         ctx.synchronize()
         copy_ms.append((time.perf_counter() - t0) * 1e3)
     return [dict(rank=ctx.rank, backend=ctx.backend, forward_ms=forward, backward_ms=backward, optimizer_ms=opt,
-                 ready_ms=ready,
-                 param_bytes=[p.numel() * p.element_size() for p in params], contention=contention,
-                 comm_contention=comm_contention, calls_done_ms=calls_done,
-                 comm_samples=samples, copy_ms_per_byte=_median(copy_ms[1:]) / (grads.numel() * grads.itemsize),
+                 ready_ms=ready, param_bytes=[p.numel() * p.element_size() for p in params], contention=contention,
+                 comm_contention=comm_contention, calls_done_ms=calls_done, comm_samples=samples,
+                 copy_ms_per_byte=_median(copy_ms[1:]) / (grads.numel() * grads.itemsize),
                  buffer_bytes=sum(b.numel() * b.element_size() for b in model.buffers()))]
 
 
