@@ -124,11 +124,11 @@ def _backward(p: ComputeProfile, buckets, comm: CommModel, world_size: int, over
                 done[job[0]] = t
                 del running[slot]
         for g, queue in enumerate(queues):
-            for slot in ((g, k) for k in range(concurrent)):
-                if slot not in running and queue:
+            for k in range(concurrent):
+                if (g, k) not in running and queue:
                     b = queue.popleft()
                     start[b] = t
-                    running[slot] = [b, latency, work[b]]
+                    running[(g, k)] = [b, latency, work[b]]
         if compute_end is not None and not running:
             return ready, launch, start, done, compute_end
         sharing = sum(1 for job in running.values() if job[1] <= 0)  # calls moving bytes
