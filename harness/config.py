@@ -33,7 +33,7 @@ from harness.systems import DDP_IMPLS, IMPLS, OPTIMIZERS
 MODELS = ("small", "resnet50", "resnet101", "bert-base", "bert-large")
 PROFILES = ("paper", "cpu")
 COMM_HOOKS = ("", *ALIASES)  # ddp_impl's short names of torch's own hooks; "" = the default allreduce
-FAULT_KINDS = ("raise", "exit", "hang", "kill", "linkdown")  # harness.launch.inject_fault
+FAULT_KINDS = ("raise", "exit", "segv", "hang", "kill", "linkdown")  # harness.launch.inject_fault
 DEFAULT_NET = "auto"  # emulate a link where nothing real is there (spawned CPU ranks); see harness.netem
 
 

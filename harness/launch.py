@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import ctypes
 import datetime
+import faulthandler
 import gc
 import multiprocessing
 import os
@@ -49,7 +50,15 @@ _DEAD_GRACE_S = 2.0
 
 
 class LaunchError(RuntimeError):
-    """A rank raised, died, or hung; the message holds each failed rank's traceback or exit code."""
+    """A rank raised, died, or hung; the message holds each failed rank's traceback or exit code. ``crashed``:
+    the ranks a crash signal ended (SIGSEGV, SIGBUS, SIGABRT, SIGFPE, SIGILL), a fault inside native code."""
+
+    def __init__(self, message: str, crashed: Sequence[int] = ()):
+        super().__init__(message)
+        self.crashed = tuple(crashed)
+
+
+CRASH_SIGNALS = (signal.SIGSEGV, signal.SIGBUS, signal.SIGABRT, signal.SIGFPE, signal.SIGILL)
 
 
 @dataclass(frozen=True)
@@ -92,7 +101,8 @@ FAULT_DELAY_S = 1.0  # kill / linkdown strike this long after the point starts: 
 
 
 def inject_fault(fault: str, rank: int) -> None:
-    """Test hook (``"<kind>@<rank>"``): make ``rank`` raise, exit without reporting or hang now; or, from a timer
+    """Test hook (``"<kind>@<rank>"``): make ``rank`` raise, exit without reporting, crash (``segv``) or hang now;
+    or, from a timer
     while it trains, SIGKILL itself (``kill``) or take its emulated host's link down (``linkdown``: ``ip link set
     <its Gloo interface> down``, inside the emulated network's namespace)."""
     if not fault:
@@ -107,6 +117,8 @@ def inject_fault(fault: str, rank: int) -> None:
         raise RuntimeError(f"injected fault on rank {rank}")
     if kind == "exit":
         os._exit(3)
+    if kind == "segv":
+        os.kill(os.getpid(), signal.SIGSEGV)
     if kind == "hang":
         while True:
             time.sleep(3600)
@@ -147,6 +159,7 @@ def enter_netns(path: str) -> None:
 def _pool_worker(rank, world_size, backend, store_addr, timeout_s, threads, tasks, results,
                  place=("", "")) -> None:
     """One rank of a :class:`RankPool`: set up once, then run each task that arrives until told to stop."""
+    faulthandler.enable()  # a rank killed by a signal (a crash inside torch) prints its Python stack to stderr
     try:
         os.environ.update(LOCAL_RANK=str(rank), LOCAL_WORLD_SIZE=str(world_size))
         netns, interface = place
@@ -259,9 +272,13 @@ class RankPool:
             self.close()
             raise
         if errors:
-            self.close()
+            procs = self._procs
+            self.close()  # after which a rank a peer reported first has been reaped too
+            crashed = [r for r, p in enumerate(procs) if -(p.exitcode or 0) in CRASH_SIGNALS]
             detail = "\n".join(f"--- rank {r} ---\n{msg.rstrip()}" for r, msg in sorted(errors.items()))
-            raise LaunchError(f"{len(errors)} of {self.world_size} rank(s) failed ({self.backend}):\n{detail}")
+            detail += "".join(f"\nrank {r} crashed ({signal.Signals(-procs[r].exitcode).name})" for r in crashed)
+            raise LaunchError(f"{len(errors)} of {self.world_size} rank(s) failed ({self.backend}):\n{detail}",
+                              crashed)
         return [outputs[r] for r in range(self.world_size)]
 
     def _collect(self, task_id: int, deadline_s: float | None) -> tuple[dict, dict]:

@@ -247,7 +247,7 @@ class NamespacePool:
         answer = self._ask(request, None if deadline_s is None else deadline_s + 60)
         if answer["status"] != "ok":
             self.close()  # a fault may have changed the namespace (a host's link down): the next run starts afresh
-            raise LaunchError(answer["message"])
+            raise LaunchError(answer["message"], answer.get("crashed", ()))
         if answer["dropped"]:
             print(f"[netem] the emulated links dropped {answer['dropped']} packet(s) at {self.setup['rate_mbit']:g} "
                   f"Mbit/s; TCP retransmissions may have inflated the times", file=sys.stderr)
@@ -379,7 +379,7 @@ def _serve(setup: dict, answer, hosts_netns: list[str]) -> int:
             try:
                 results = pool.run(_import(req["fn"]), _decode(req["args"]), req["deadline_s"])
             except LaunchError as exc:
-                answer(status="launch_error", message=str(exc))
+                answer(status="launch_error", message=str(exc), crashed=list(exc.crashed))
                 continue
             except Exception:  # noqa: BLE001 - reported to the parent as text
                 answer(status="error", message=traceback.format_exc())

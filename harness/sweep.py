@@ -42,7 +42,7 @@ from harness.config import (AllreduceConfig, ConvergenceConfig, PointConfig, Tra
 from harness.convergence import run_convergence_point
 from harness.env import in_place, is_writer
 from harness.errors import refusing
-from harness.launch import RankPool, init_in_place, launch, refuse_in_bootstrapping_child
+from harness.launch import LaunchError, RankPool, init_in_place, launch, refuse_in_bootstrapping_child
 from harness.models import build_model
 from harness.preflight import preflight
 from harness.runner import run_training_point, run_training_points
@@ -122,7 +122,7 @@ def _measure(cfgs: list[PointConfig], deadline_s: float | None, pools: _Pools, f
         per_rank = launch(task, cfg.world_size, cfg.backend, args=args, timeout_s=cfg.timeout_s,
                           threads=cfg.threads_per_rank)
     else:
-        per_rank = pools.get_for(cfg, rate_mbit, fresh=getattr(cfg, "memory", False)).run(task, args, deadline_s)
+        per_rank = _run_on_pool(pools, cfg, rate_mbit, task, args, deadline_s)
     per_rank = per_rank if not fn else [[rows] for rows in per_rank]  # rank -> point -> rows
     network = {"net_rate_mbit": math.nan if rate_mbit is None else rate_mbit, "net_auto_backward_ms": auto_backward_ms}
     out = []
@@ -131,6 +131,21 @@ def _measure(cfgs: list[PointConfig], deadline_s: float | None, pools: _Pools, f
             type(c).__name__, c.backend, c.world_size, getattr(c, "impl", ""))}
         out.append([{**columns, **row} for rank in per_rank for row in rank[k]])
     return out
+
+
+def _run_on_pool(pools: _Pools, cfg: PointConfig, rate_mbit: float | None, task, args, deadline_s):
+    """``task`` on the pool for ``cfg``. A point measuring memory runs an iteration under torch's memory profiler,
+    which now and then crashes a rank (SIGSEGV inside the profiled iteration: once in CI, never in 50 runs of that
+    point here): a point whose rank crashed is measured once more on fresh ranks, and says so."""
+    memory = getattr(cfg, "memory", False)
+    try:
+        return pools.get_for(cfg, rate_mbit, fresh=memory).run(task, args, deadline_s)
+    except LaunchError as exc:
+        if not (memory and exc.crashed):
+            raise
+        print(f"[sweep] rank(s) {list(exc.crashed)} crashed measuring memory; measuring the point again on fresh "
+              f"ranks", file=sys.stderr, flush=True)
+        return pools.get_for(cfg, rate_mbit, fresh=True).run(task, args, deadline_s)
 
 
 def _error_row(cfg: PointConfig, exc: BaseException) -> dict:

@@ -42,6 +42,16 @@ def test_failing_or_dead_rank_fails_the_launch(fault):
     assert time.monotonic() - start < 45  # noticed promptly, not after the 60 s group timeout
 
 
+def test_a_crashed_rank_is_named_and_prints_its_python_stack(capfd):
+    with pytest.raises(LaunchError, match=r"rank 1 crashed \(SIGSEGV\)") as err:
+        launch(_sum_ranks, 2, "gloo", args=("segv@1",), timeout_s=60, threads=1)
+    assert err.value.crashed == (1,)
+    assert "Fatal Python error: Segmentation fault" in capfd.readouterr().err  # faulthandler in the rank
+    with pytest.raises(LaunchError) as err:
+        launch(_sum_ranks, 2, "gloo", args=("exit@1",), timeout_s=60, threads=1)
+    assert err.value.crashed == ()  # an exit is not a crash
+
+
 def test_hung_rank_hits_the_group_timeout():
     start = time.monotonic()
     with pytest.raises(LaunchError) as err:

@@ -136,6 +136,17 @@ def test_a_point_measuring_memory_gets_fresh_ranks(monkeypatch):
             sweep._measure([TrainConfig(world_size=2, memory=memory, net="loopback")], None, sweep._Pools(stack))
     assert asked == [False, True]
 
+
+@pytest.mark.parametrize("memory", [False, True])
+def test_a_point_measuring_memory_is_measured_again_when_a_rank_crashes(memory, capsys):
+    """torch's memory profiler occasionally crashes a rank: a memory point gets one more try on fresh ranks (this
+    crash is deterministic, so the second try fails too and its error is raised); any other point fails at once."""
+    cfg = TrainConfig(model="small", impl="torch", world_size=2, iters=1, warmup=0, threads_per_rank=1,
+                      timeout_s=60, fault="segv@1", net="loopback", memory=memory)
+    with pytest.raises(sweep.LaunchError, match=r"rank 1 crashed \(SIGSEGV\)"):
+        sweep.run_point(cfg)
+    assert capsys.readouterr().err.count("crashed measuring memory; measuring the point again") == int(memory)
+
 def _caps(caps, repeats=1, **kw):
     from harness.config import validate
 
