@@ -42,7 +42,8 @@ from harness.runner import machine_metadata
 from .comm import AlphaBeta, Fit, concurrent_calls, fit_ring
 from .iteration import ComputeProfile, buckets_for, simulate
 
-VERSION = 6  # 6: alpha from per-gradient calls in backward, contention from interleaved pairs; 5: warm streams;
+VERSION = 7  # 7: compute from the first iterations and the pairs' compute-only halves, spread over the probe;
+#              6: alpha from per-gradient calls in backward, contention from interleaved pairs; 5: warm streams;
 #              4: alpha from a stream of calls;
 #              3: comm_contention; 2: probe sizes up to the gradient's (1 stopped at 32 MiB, and an emulated
 #              link's burst made its fitted rate ~25% fast for DDP's buckets)
@@ -162,10 +163,7 @@ def probe_rank(ctx, cfg: TrainConfig) -> list[dict]:
                     ready=[(s - t1) * 1e3 for s in stamps], covered=(covered - t1) * 1e3,
                     calls_done=(max(done, default=t1) - t1) * 1e3)
 
-    runs = [iteration() for _ in range(cfg.warmup + cfg.iters)][cfg.warmup:]
-    forward, backward, opt = (_median(r[k] for r in runs) for k in ("forward", "backward", "optimizer"))
-    ready = [_median(r["ready"][i] for r in runs) for i in range(len(params))]
-
+    runs = [iteration() for _ in range(cfg.warmup + cfg.iters)][cfg.warmup:]  # compute alone
     grad_bytes = sum(p.numel() * p.element_size() for p in params)
     samples = []
     for nbytes in [n for n in PROBE_SIZES if n < 2 * grad_bytes] or PROBE_SIZES[:2]:  # ... the largest bucket
@@ -186,7 +184,9 @@ def probe_rank(ctx, cfg: TrainConfig) -> list[dict]:
         # Contention: backward alone and under one allreduce 1.5x as long, in pairs, so that drift between the
         # probe's phases (this host's speed moves within minutes) cancels.
         steps = 2 * (ctx.world_size - 1)
-        want = (1.5 * backward - steps * comm.alpha_ms) / max(steps / ctx.world_size * comm.beta_ms_per_byte, 1e-12)
+        first_backward = _median(r["backward"] for r in runs)
+        want = (1.5 * first_backward - steps * comm.alpha_ms) / max(steps / ctx.world_size * comm.beta_ms_per_byte,
+                                                                    1e-12)
         size = torch.tensor([min(MAX_COVER_BYTES, max(32 * MIB, want))], dtype=torch.float64)
         dist.all_reduce(size, op=dist.ReduceOp.MAX, group=ctx.group)
         cover = torch.zeros(int(size.item()) // 4, dtype=torch.float32, device=ctx.device)
@@ -197,6 +197,12 @@ def probe_rank(ctx, cfg: TrainConfig) -> list[dict]:
         alone_ms = comm.allreduce_ms(cover.numel() * 4, ctx.world_size)
         lost = min(max(_median((r["covered"] - alone_ms) / r["backward"] for _, r in pairs), 0.0), 0.9)
         comm_contention = lost / (1 - lost)
+        # The compute-only halves join the first iterations: this host's speed moves within minutes, and one slow
+        # spell at the probe's start alone set the compute of every prediction (BERT-base backward read 689 ms in
+        # one probe, 416-463 ms in the others), most visibly where no_sync leaves little else.
+        runs += [alone for alone, _ in pairs]
+    forward, backward, opt = (_median(r[k] for r in runs) for k in ("forward", "backward", "optimizer"))
+    ready = [_median(r["ready"][i] for r in runs) for i in range(len(params))]
 
     grads = torch.cat([p.detach().reshape(-1) for p in params])
     copy = torch.empty_like(grads)
