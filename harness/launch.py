@@ -102,9 +102,8 @@ FAULT_DELAY_S = 1.0  # kill / linkdown strike this long after the point starts: 
 
 def inject_fault(fault: str, rank: int) -> None:
     """Test hook (``"<kind>@<rank>"``): make ``rank`` raise, exit without reporting, crash (``segv``) or hang now;
-    or, from a timer
-    while it trains, SIGKILL itself (``kill``) or take its emulated host's link down (``linkdown``: ``ip link set
-    <its Gloo interface> down``, inside the emulated network's namespace)."""
+    or, from a timer while it trains, SIGKILL itself (``kill``) or take its emulated host's link down
+    (``linkdown``: ``ip link set <its Gloo interface> down``, inside the emulated network's namespace)."""
     if not fault:
         return
     kind, _, target = fault.partition("@")
