@@ -6,7 +6,8 @@ runs through ``harness.run_point(cfg, fn=probe_rank)``, on exactly the ranks, th
 would be measured on, and measures on every rank at once (they share the cores, as in training):
 
 * compute: iterations without DDP: forward, backward, optimizer step, and each parameter's gradient-ready time
-  (post-accumulate-grad hooks), the order and timing DDP's buckets follow;
+  (post-accumulate-grad hooks), the order and timing DDP's buckets follow; medians over the first iterations and
+  the compute-only halves of the contention pairs, so that they span the probe;
 * communication: allreduces of 4 KiB up to the gradient's size (at most 128 MiB) on the point's link, fitted
   to the ring alpha-beta model (:func:`fit_link`) for the cost per byte;
 * latency: backward passes that launch one allreduce per gradient, of its size, as it becomes ready (DDP's
