@@ -246,7 +246,7 @@ def table(df, cfg: Config) -> pd.DataFrame:
         sent, theory = r0["sent_bytes"].median(), traffic_formula(impl, params, int(n))
         rows.append(dict(model=model, impl=impl, world_size=int(n), latency=verdicts.spread(s.to_numpy()),
                          measured_peak_mib=measured / MIB, profiled_peak_mib=profiled / MIB,
-                         categories_vs_measured_pct=100 * (profiled - measured) / measured,
+                         categories_vs_measured_pct=100 * (profiled - measured) / measured if measured else np.nan,
                          model_state_mib=state / MIB, formula_mib=formula / MIB,
                          state_vs_formula_pct=100 * (state - formula) / formula,
                          sent_mib=sent / MIB, theory_mib=theory / MIB,
