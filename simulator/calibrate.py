@@ -185,9 +185,8 @@ def probe_rank(ctx, cfg: TrainConfig) -> list[dict]:
         # Contention: backward alone and under one allreduce 1.5x as long, in pairs, so that drift between the
         # probe's phases (this host's speed moves within minutes) cancels.
         steps = 2 * (ctx.world_size - 1)
-        first_backward = _median(r["backward"] for r in runs)
-        want = (1.5 * first_backward - steps * comm.alpha_ms) / max(steps / ctx.world_size * comm.beta_ms_per_byte,
-                                                                    1e-12)
+        per_byte = steps / ctx.world_size * comm.beta_ms_per_byte
+        want = (1.5 * _median(r["backward"] for r in runs) - steps * comm.alpha_ms) / max(per_byte, 1e-12)
         size = torch.tensor([min(MAX_COVER_BYTES, max(32 * MIB, want))], dtype=torch.float64)
         dist.all_reduce(size, op=dist.ReduceOp.MAX, group=ctx.group)
         cover = torch.zeros(int(size.item()) // 4, dtype=torch.float32, device=ctx.device)

@@ -147,6 +147,7 @@ def test_a_point_measuring_memory_is_measured_again_when_a_rank_crashes(memory, 
         sweep.run_point(cfg)
     assert capsys.readouterr().err.count("crashed measuring memory; measuring the point again") == int(memory)
 
+
 def _caps(caps, repeats=1, **kw):
     from harness.config import validate
 
