@@ -5,7 +5,9 @@
     python -m experiments.tune --model=resnet50 --measure=false      the prediction only (~1 min)
 
 A fresh calibration probe (:mod:`simulator.calibrate`) on the point's own ranks and link, the predicted latency
-for every cap of ``grid_mb`` (the curve), and the cap it minimizes. Then, unless ``--measure=false``, the
+for every cap of ``grid_mb`` (the curve), and the cap :func:`simulator.tune.recommend` picks: the least worst
+regret over the probe's uncertain inputs (the per-call latency halved and doubled, the contentions scaled), so a
+near-tie goes to the cap that stays close to the best. Then, unless ``--measure=false``, the
 recommendation, torch's default (25 MiB) and the caps of ``measure_mb`` are measured in interleaved repetitions
 (stored as experiment ``tune``), and the recommendation is set beside the best measured cap as a paired ratio
 with its interval. Writes ``results/figures/tune.png``.
@@ -43,25 +45,20 @@ class Config:
     warmup: int = 1
 
 
-def recommend(cal, grid_mb) -> tuple[float, dict[float, float]]:
-    """The cap with the lowest predicted latency, and the predicted curve (ms per cap)."""
-    from simulator.predict import Scenario, predict
-
-    curve = {cap: predict(cal, Scenario(bucket_cap_mb=cap))["predicted_ms"] for cap in grid_mb}
-    return min(curve, key=curve.get), curve
-
-
 def run(cfg: Config, root=None) -> dict:
     from experiments.predict import calibration_path
     from simulator.calibrate import calibrate
+    from simulator.tune import recommend
 
     with refusing():
         probe = validate(TrainConfig(model=cfg.model, world_size=cfg.world_size, net=cfg.net, impl="ours",
                                      iters=cfg.iters, warmup=cfg.warmup))
     cal = calibrate(probe)
     cal.save(results_root(root) / EXPERIMENT / "calibrations" / calibration_path(probe).name)
-    best_cap, curve = recommend(cal, cfg.grid_mb)
-    out = dict(recommended_mb=best_cap, predicted=curve, measured=None)
+    rec = recommend(cal, cfg.grid_mb)
+    best_cap = rec.cap_mb
+    out = dict(recommended_mb=best_cap, predicted=rec.predicted_ms, band=rec.band_ms, regret=rec.regret,
+               measured=None)
     if cfg.measure:
         caps = sorted({*cfg.measure_mb, best_cap, DEFAULT_CAP_MB})
         points = [dataclasses.replace(probe, bucket_cap_mb=cap, repeat=r) for r in range(cfg.repeats) for cap in caps]
@@ -74,14 +71,15 @@ def run(cfg: Config, root=None) -> dict:
 
 
 def report(out: dict) -> str:
-    lines = [f"recommended cap: {out['recommended_mb']:g} MiB (predicted {out['predicted'][out['recommended_mb']]:.0f}"
-             f" ms; torch's default 25 MiB predicted {out['predicted'].get(DEFAULT_CAP_MB, np.nan):.0f} ms)"]
+    rec = out["recommended_mb"]
+    lines = [f"recommended cap: {rec:g} MiB (predicted {out['predicted'][rec]:.0f} ms, at worst "
+             f"{out['regret'][rec]:.3f}x the best cap with the probe's latency and contention scaled; torch's "
+             f"default 25 MiB predicted {out['predicted'].get(DEFAULT_CAP_MB, np.nan):.0f} ms)"]
     per = out["measured"]
     if per is not None and len(per):
         ranking = verdicts.rank_options(per)
         best, tied = ranking.best, ranking.not_worse
-        rec, default = out["recommended_mb"], DEFAULT_CAP_MB
-        for name, cap in (("recommended", rec), ("torch's default", default)):
+        for name, cap in (("recommended", rec), ("torch's default", DEFAULT_CAP_MB)):
             ratio = verdicts.spread(verdicts.paired_ratios(per, cap, best))
             lines.append(f"measured {name} {cap:g} MiB: {verdicts.spread(verdicts.per_repeat(per).xs(cap)).fmt()}, "
                          f"{ratio.fmt('x', 3)} of the best measured ({best:g} MiB)")
@@ -98,6 +96,8 @@ def plot(out: dict, cfg: Config, root=None):
     caps = sorted(out["predicted"])
     x = [max(c, 0.1) for c in caps]  # 0 MiB drawn at 0.1 on the log axis
     ax.plot(x, [out["predicted"][c] for c in caps], "--", color="C0", label="predicted (simulated)")
+    ax.fill_between(x, [out["band"][c][0] for c in caps], [out["band"][c][1] for c in caps], color="C0", alpha=0.15,
+                    label="predicted, latency x0.5-2, contention x0.5-1.5")
     rec = out["recommended_mb"]
     ax.plot([max(rec, 0.1)], [out["predicted"][rec]], "*", ms=14, color="C0", label=f"recommended: {rec:g} MiB")
     per = out["measured"]

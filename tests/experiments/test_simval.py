@@ -19,9 +19,12 @@ def _row(cap, measured, predicted, net="1gbit", **kw):
 
 
 def test_tuning_sets_the_recommended_cap_beside_the_best_measured():
-    out = pd.DataFrame([_row(1, 110, 100), _row(5, 100, 105), _row(25, 104, 103),
+    # 1gbit: 1 MiB has the least worst regret though 25 MiB is predicted lower; 2gbit: a tie in regret goes to the
+    # lower prediction
+    out = pd.DataFrame([_row(1, 110, 104, regret=1.01), _row(5, 100, 105, regret=1.03),
+                        _row(25, 104, 103, regret=1.02),
                         _row(5, 50, 90, overlap=False), _row(1, 60, 60, sync_every=2),  # not cap points
-                        _row(5, 200, 210, net="2gbit"), _row(25, 210, 200, net="2gbit")])
+                        _row(5, 200, 210, net="2gbit", regret=1.0), _row(25, 210, 200, net="2gbit", regret=1.0)])
     t = simval.tuning(out).set_index("net")
     assert t.loc["1gbit", "recommended_mb"] == 1 and t.loc["1gbit", "best_measured_mb"] == 5
     assert t.loc["1gbit", "recommended_over_best"] == pytest.approx(1.1)
@@ -30,9 +33,10 @@ def test_tuning_sets_the_recommended_cap_beside_the_best_measured():
 
 
 def test_rounds_combine_into_median_prediction_over_median_measurement():
-    rounds = pd.DataFrame([_row(5, 100, 90, round=0), _row(5, 120, 126, round=1), _row(5, 110, 99, round=2),
-                           _row(25, 200, 220, round=0)])
+    rounds = pd.DataFrame([_row(5, 100, 90, round=0, regret=1.0), _row(5, 120, 126, round=1, regret=1.2),
+                           _row(5, 110, 99, round=2, regret=1.1), _row(25, 200, 220, round=0, regret=1.0)])
     out = simval.combine(rounds).set_index("bucket_cap_mb")
     assert out.loc[5, "rounds"] == 3 and out.loc[25, "rounds"] == 1
     assert out.loc[5, "error_pct"] == pytest.approx((99 / 110 - 1) * 100)  # not the mean of per-round errors
     assert out.loc[25, "error_pct"] == pytest.approx(10.0)
+    assert out.loc[5, "regret"] == pytest.approx(1.1)

@@ -71,15 +71,6 @@ def test_predict_command_probes_stores_and_reuses_a_calibration(tmp_path):
     assert wrong.returncode != 0 and "was probed with model='small'" in wrong.stderr
 
 
-def test_tune_recommends_the_cap_with_the_lowest_predicted_latency():
-    from experiments.tune import recommend
-
-    # one bucket: both gradients copied by 14 ms, one call of 800 bytes 14 -> 14 + 1 + 8 = 23, copy out 27,
-    # total 5 + 1 + 27 + 2 = 35; one bucket per gradient: 31 (above)
-    cap, curve = recommend(_calibration(buffer_bytes=100), (0, 1000))
-    assert cap == 0 and curve == pytest.approx({0: 31.0, 1000: 35.0})
-
-
 def test_link_fit_takes_the_rate_from_large_calls_despite_a_burst():
     from simulator.calibrate import MIB, fit_link
 
