@@ -45,14 +45,15 @@ def recommend(cal: Calibration, caps_mb, scenario: Scenario = Scenario()) -> Rec
     caps = list(dict.fromkeys(caps_mb))
     if not caps:
         raise ValueError("recommend needs at least one bucket cap")
-    curves = []
+    curves = {}
     for a, c in itertools.product(ALPHA_FACTORS, CONTENTION_FACTORS):
         p = cal.profile
         scaled = replace(cal, comm=with_alpha_scaled(cal.comm, a),
                          profile=replace(p, contention=p.contention * c, comm_contention=p.comm_contention * c))
-        curves.append({cap: predict(scaled, replace(scenario, bucket_cap_mb=cap))["predicted_ms"] for cap in caps})
-    nominal = curves[ALPHA_FACTORS.index(1.0) * len(CONTENTION_FACTORS) + CONTENTION_FACTORS.index(1.0)]
-    regret = {cap: max(curve[cap] / min(curve.values()) for curve in curves) for cap in caps}
-    band = {cap: (min(curve[cap] for curve in curves), max(curve[cap] for curve in curves)) for cap in caps}
+        curves[a, c] = {cap: predict(scaled, replace(scenario, bucket_cap_mb=cap))["predicted_ms"] for cap in caps}
+    nominal = curves[1.0, 1.0]
+    regret = {cap: max(curve[cap] / min(curve.values()) for curve in curves.values()) for cap in caps}
+    band = {cap: (min(curve[cap] for curve in curves.values()), max(curve[cap] for curve in curves.values()))
+            for cap in caps}
     best = min(caps, key=lambda cap: (round(regret[cap], 6), nominal[cap]))
     return Recommendation(best, nominal, regret, band)
