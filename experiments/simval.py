@@ -142,12 +142,13 @@ def tuning(out: pd.DataFrame) -> pd.DataFrame:
     """Per (model, world size, link): the cap the simulator recommends among the measured caps (as ``make tune``
     picks: the least median worst regret over the rounds' probes, ties to the lower predicted latency) and its
     measured latency over the best measured cap's (the issue's goal: within 2 %), beside torch's default 25 MiB."""
+    from simulator.tune import least_regret
+
     caps = out[out["overlap"] & (out["round_robin_groups"] == 1) & (out["sync_every"] == 1)]
     rows = []
     for (model, ws, net), sel in caps.groupby(["model", "world_size", "net"]):
         sel = sel.set_index("bucket_cap_mb")
-        rec = sel.assign(r=sel["regret"].round(6)).sort_values(["r", "predicted_ms"]).index[0]
-        best = sel["measured_ms"].idxmin()
+        rec, best = least_regret(sel["regret"].to_dict(), sel["predicted_ms"].to_dict()), sel["measured_ms"].idxmin()
         rows.append(dict(model=model, world_size=ws, net=net, recommended_mb=rec, best_measured_mb=best,
                          recommended_over_best=sel.loc[rec, "measured_ms"] / sel.loc[best, "measured_ms"],
                          default_over_best=sel["measured_ms"].get(25.0, float("nan")) / sel.loc[best, "measured_ms"]))

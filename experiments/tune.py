@@ -56,11 +56,10 @@ def run(cfg: Config, root=None) -> dict:
     cal = calibrate(probe)
     cal.save(results_root(root) / EXPERIMENT / "calibrations" / calibration_path(probe).name)
     rec = recommend(cal, cfg.grid_mb)
-    best_cap = rec.cap_mb
-    out = dict(recommended_mb=best_cap, predicted=rec.predicted_ms, band=rec.band_ms, regret=rec.regret,
+    out = dict(recommended_mb=rec.cap_mb, predicted=rec.predicted_ms, band=rec.band_ms, regret=rec.regret,
                measured=None)
     if cfg.measure:
-        caps = sorted({*cfg.measure_mb, best_cap, DEFAULT_CAP_MB})
+        caps = sorted({*cfg.measure_mb, rec.cap_mb, DEFAULT_CAP_MB})
         points = [dataclasses.replace(probe, bucket_cap_mb=cap, repeat=r) for r in range(cfg.repeats) for cap in caps]
         df = run_sweep(EXPERIMENT, points, root=root)
         ok = common.ok_rows(df)

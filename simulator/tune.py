@@ -55,5 +55,9 @@ def recommend(cal: Calibration, caps_mb, scenario: Scenario = Scenario()) -> Rec
     regret = {cap: max(curve[cap] / min(curve.values()) for curve in curves.values()) for cap in caps}
     band = {cap: (min(curve[cap] for curve in curves.values()), max(curve[cap] for curve in curves.values()))
             for cap in caps}
-    best = min(caps, key=lambda cap: (round(regret[cap], 6), nominal[cap]))
-    return Recommendation(best, nominal, regret, band)
+    return Recommendation(least_regret(regret, nominal), nominal, regret, band)
+
+
+def least_regret(regret: dict[float, float], nominal: dict[float, float]) -> float:
+    """The cap with the least worst regret; ties go to the lower nominal prediction."""
+    return min(regret, key=lambda cap: (round(regret[cap], 6), nominal[cap]))
