@@ -7,7 +7,9 @@ would be measured on, and measures on every rank at once (they share the cores, 
 
 * compute: iterations without DDP: forward, backward, optimizer step, and each parameter's gradient-ready time
   (post-accumulate-grad hooks), the order and timing DDP's buckets follow; medians over the first iterations and
-  the compute-only halves of the contention pairs, so that they span the probe;
+  the compute-only halves of the contention pairs, so that they span the probe; each one right after an
+  iteration of DDP itself at the point's settings (a second replica), because compute timed beside DDP training
+  reads what that training runs at, and compute timed on an idle machine read up to 30% faster;
 * communication: allreduces of 4 KiB up to the gradient's size (at most 128 MiB) on the point's link, fitted
   to the ring alpha-beta model (:func:`fit_link`) for the cost per byte;
 * latency: backward passes that launch one allreduce per gradient, of its size, as it becomes ready (DDP's
@@ -27,6 +29,7 @@ import json
 import math
 import statistics
 import time
+import dataclasses
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
@@ -38,12 +41,12 @@ from harness import TrainConfig, run_point
 from harness.config import config_columns
 from harness.models import compute_loss, input_spec, make_inputs, seeded_model
 from harness.results import git_commit
-from harness.runner import machine_metadata
+from harness.runner import build_trainer, machine_metadata, timed_iteration
 
 from .comm import AlphaBeta, Fit, concurrent_calls, fit_ring
 from .iteration import ComputeProfile, buckets_for, simulate
 
-VERSION = 7  # 7: compute from the first iterations and the pairs' compute-only halves, spread over the probe;
+VERSION = 8  # 8: compute timed right after DDP iterations; 7: compute from the first iterations and the pairs' compute-only halves, spread over the probe;
 #              6: alpha from per-gradient calls in backward, contention from interleaved pairs; 5: warm streams;
 #              4: alpha from a stream of calls;
 #              3: comm_contention; 2: probe sizes up to the gradient's (1 stopped at 32 MiB, and an emulated
@@ -54,6 +57,7 @@ LATENCY_ITERS = 3  # backward passes with one allreduce per gradient (after one 
 CONTENTION_PAIRS = 3  # (backward alone, backward under an allreduce) pairs
 PROBE_CALLS = 3  # timed calls per size, after one warm-up call (2 for calls of 32 MiB and more)
 MAX_COVER_BYTES = 512 * 1024 * 1024  # the contention probe's allreduce never allocates more
+DDP_PHASES = ("forward_ms", "backward_ms", "optimizer_ms", "total_ms")
 
 
 @dataclass(frozen=True)
@@ -67,6 +71,7 @@ class Calibration:
     point: dict  # the probed point's config columns, plus the network rate and the backend ("process_group") used
     fit: dict  # the alpha-beta fit's quality: r2, median/worst % error, samples
     meta: dict  # version, time, machine, git commit: what a prediction says it used
+    ddp: dict = dataclasses.field(default_factory=dict)  # DDP's own phases beside the probe (slowest rank's medians)
 
     def save(self, path: str | Path) -> Path:
         path = Path(path)
@@ -138,6 +143,14 @@ def probe_rank(ctx, cfg: TrainConfig) -> list[dict]:
     for i, p in enumerate(params):
         p.register_post_accumulate_grad_hook(lambda _p, i=i: on_ready(i))
     optimizer = torch.optim.SGD(params, lr=cfg.lr)
+    trainer = build_trainer(seeded_model(cfg.model, cfg.seed).to(ctx.device), cfg, ctx) if ctx.world_size > 1 else None
+    ddp_runs: list[dict] = []
+
+    def after_ddp(cover: torch.Tensor | None = None) -> dict:
+        """A compute-only iteration right after one of DDP at the point's settings (whose phases are kept)."""
+        if trainer is not None:
+            ddp_runs.append(timed_iteration(cfg.model, trainer.model, trainer.optimizer, inputs, ctx)[0])
+        return iteration(cover)
 
     def iteration(cover: torch.Tensor | None = None, calls: bool = False) -> dict:
         dist.barrier(group=ctx.group)
@@ -164,7 +177,7 @@ def probe_rank(ctx, cfg: TrainConfig) -> list[dict]:
                     ready=[(s - t1) * 1e3 for s in stamps], covered=(covered - t1) * 1e3,
                     calls_done=(max(done, default=t1) - t1) * 1e3)
 
-    runs = [iteration() for _ in range(cfg.warmup + cfg.iters)][cfg.warmup:]  # compute alone
+    runs = [after_ddp() for _ in range(cfg.warmup + cfg.iters)][cfg.warmup:]  # compute alone
     grad_bytes = sum(p.numel() * p.element_size() for p in params)
     samples = []
     for nbytes in [n for n in PROBE_SIZES if n < 2 * grad_bytes] or PROBE_SIZES[:2]:  # ... the largest bucket
@@ -190,7 +203,7 @@ def probe_rank(ctx, cfg: TrainConfig) -> list[dict]:
         size = torch.tensor([min(MAX_COVER_BYTES, max(32 * MIB, want))], dtype=torch.float64)
         dist.all_reduce(size, op=dist.ReduceOp.MAX, group=ctx.group)
         cover = torch.zeros(int(size.item()) // 4, dtype=torch.float32, device=ctx.device)
-        pairs = [(iteration(), iteration(cover)) for _ in range(CONTENTION_PAIRS)]
+        pairs = [(after_ddp(), iteration(cover)) for _ in range(CONTENTION_PAIRS)]
         contention = _median(under["backward"] / alone["backward"] - 1 for alone, under in pairs)
         # The allreduce ran over the whole backward; the time it took beyond its cost alone is what its bytes
         # lost while compute ran: a share x of the backward means they moved at rate 1 - x there.
@@ -217,7 +230,8 @@ def probe_rank(ctx, cfg: TrainConfig) -> list[dict]:
                  ready_ms=ready, param_bytes=[p.numel() * p.element_size() for p in params], contention=contention,
                  comm_contention=comm_contention, calls_done_ms=calls_done, comm_samples=samples,
                  copy_ms_per_byte=_median(copy_ms[1:]) / (grads.numel() * grads.itemsize),
-                 buffer_bytes=sum(b.numel() * b.element_size() for b in model.buffers()))]
+                 buffer_bytes=sum(b.numel() * b.element_size() for b in model.buffers()),
+                 ddp={k: _median(r[k] for r in ddp_runs[cfg.warmup:]) for k in DDP_PHASES} if ddp_runs else {})]
 
 
 def latency_from_calls(profile: ComputeProfile, done_ms: float, world_size: int, concurrent: int = 1,
@@ -268,4 +282,5 @@ def calibrate(cfg: TrainConfig) -> Calibration:
                                           worst_abs_pct_error=fit.worst_abs_pct_error, samples=fit.n)
     return Calibration(profile=profile, comm=fit.model if fit else AlphaBeta(0.0, 0.0),
                        copy_ms_per_byte=_median(r["copy_ms_per_byte"] for r in rows),
-                       buffer_bytes=int(rows[0]["buffer_bytes"]), point=point, fit=quality, meta=meta)
+                       buffer_bytes=int(rows[0]["buffer_bytes"]), point=point, fit=quality, meta=meta,
+                       ddp={k: max(r["ddp"][k] for r in rows) for k in rows[0]["ddp"]})
