@@ -58,6 +58,7 @@ CONTENTION_PAIRS = 3  # (backward alone, backward under an allreduce) pairs
 PROBE_CALLS = 3  # timed calls per size, after one warm-up call (2 for calls of 32 MiB and more)
 MAX_COVER_BYTES = 512 * 1024 * 1024  # the contention probe's allreduce never allocates more
 DDP_PHASES = ("forward_ms", "backward_ms", "optimizer_ms", "total_ms")
+MAX_CONTENTION_SCALE = 4.0  # anchor_contention's range: the probe's pairs are off by more only in a broken probe
 
 
 @dataclass(frozen=True)
@@ -80,6 +81,12 @@ class Calibration:
         tmp.write_text(json.dumps(asdict(self), indent=1))
         tmp.replace(path)
         return path
+
+    def with_contention_scaled(self, factor: float) -> "Calibration":
+        """Both contentions (compute under communication and the other way round) times ``factor``."""
+        p = self.profile
+        return dataclasses.replace(self, profile=dataclasses.replace(
+            p, contention=p.contention * factor, comm_contention=p.comm_contention * factor))
 
     @classmethod
     def load(cls, path: str | Path) -> "Calibration":
@@ -254,6 +261,28 @@ def latency_from_calls(profile: ComputeProfile, done_ms: float, world_size: int,
     return (lo + hi) / 2
 
 
+def anchor_contention(cal: Calibration, scenario, measured_ms: float) -> tuple[Calibration, float]:
+    """``cal`` with both contentions scaled by the one factor (in [0, MAX_CONTENTION_SCALE]) with which it
+    predicts ``measured_ms`` for ``scenario``, and that factor. How much compute and communication slow each
+    other is what the probe measures least surely (interleaved pairs read 0.1-0.8 for one point on different
+    runs), and a DDP iteration measures its net effect directly."""
+    from .predict import predict  # predict imports this module
+
+    def at(factor: float) -> float:
+        return predict(cal.with_contention_scaled(factor), scenario)["predicted_ms"]
+
+    lo, hi = 0.0, MAX_CONTENTION_SCALE
+    if at(lo) >= measured_ms:
+        hi = lo
+    elif at(hi) <= measured_ms:
+        lo = hi
+    while hi - lo > 1e-3:
+        mid = (lo + hi) / 2
+        lo, hi = (mid, hi) if at(mid) < measured_ms else (lo, mid)
+    factor = (lo + hi) / 2
+    return cal.with_contention_scaled(factor), factor
+
+
 def calibrate(cfg: TrainConfig) -> Calibration:
     """Probe ``cfg``'s ranks and network now (its ``iters``/``warmup`` set the compute iterations)."""
     rows = run_point(cfg, fn=probe_rank)
@@ -280,7 +309,14 @@ def calibrate(cfg: TrainConfig) -> Calibration:
     meta = dict(version=VERSION, created_at=now, git_commit=git_commit(), **machine_metadata())
     quality = {} if fit is None else dict(r2=fit.r2, median_abs_pct_error=fit.median_abs_pct_error,
                                           worst_abs_pct_error=fit.worst_abs_pct_error, samples=fit.n)
-    return Calibration(profile=profile, comm=fit.model if fit else AlphaBeta(0.0, 0.0),
-                       copy_ms_per_byte=_median(r["copy_ms_per_byte"] for r in rows),
-                       buffer_bytes=int(rows[0]["buffer_bytes"]), point=point, fit=quality, meta=meta,
-                       ddp={k: max(r["ddp"][k] for r in rows) for k in rows[0]["ddp"]})
+    cal = Calibration(profile=profile, comm=fit.model if fit else AlphaBeta(0.0, 0.0),
+                      copy_ms_per_byte=_median(r["copy_ms_per_byte"] for r in rows),
+                      buffer_bytes=int(rows[0]["buffer_bytes"]), point=point, fit=quality, meta=meta,
+                      ddp={k: max(r["ddp"][k] for r in rows) for k in rows[0]["ddp"]})
+    if cal.ddp:  # the probe's own DDP iterations (synchronized, the point's settings) anchor the contentions
+        from .predict import Scenario
+
+        scenario = Scenario(cfg.bucket_cap_mb, cfg.overlap, cfg.round_robin_groups)
+        cal, factor = anchor_contention(cal, scenario, cal.ddp["total_ms"])
+        cal = dataclasses.replace(cal, fit={**cal.fit, "contention_scale": factor})
+    return cal

@@ -84,3 +84,23 @@ def test_link_fit_takes_the_rate_from_large_calls_despite_a_burst():
     fit = fit_link(burst)
     assert fit.model.beta_ms_per_byte == pytest.approx(1.6e-5, rel=0.02)
     assert fit_ring(burst).model.beta_ms_per_byte < 0.9 * 1.6e-5  # what a relative fit made of it
+
+
+def test_contention_is_anchored_to_the_probes_own_ddp_iteration():
+    from dataclasses import replace
+
+    from simulator.calibrate import MAX_CONTENTION_SCALE, anchor_contention
+
+    # p1's bucket moves bytes while p0's gradient is still being computed, so the contentions matter here
+    cal = replace(_calibration(), profile=replace(TWO, contention=0.5, comm_contention=0.2))
+    scenario = Scenario(bucket_cap_mb=0)
+    at = {f: predict(cal.with_contention_scaled(f), scenario)["predicted_ms"] for f in (0.0, 2.0, MAX_CONTENTION_SCALE)}
+    assert at[0.0] < at[2.0] < at[MAX_CONTENTION_SCALE]
+    anchored, factor = anchor_contention(cal, scenario, at[2.0])
+    assert factor == pytest.approx(2.0, abs=1e-2)
+    assert anchored.profile.contention == pytest.approx(1.0, abs=1e-2)
+    assert anchored.profile.comm_contention == pytest.approx(0.4, abs=1e-2)
+    assert predict(anchored, scenario)["predicted_ms"] == pytest.approx(at[2.0], rel=1e-3)
+    # a measurement outside what any contention explains clamps to the range's end
+    assert anchor_contention(cal, scenario, at[0.0] * 0.5)[1] == 0.0
+    assert anchor_contention(cal, scenario, at[MAX_CONTENTION_SCALE] * 2)[1] == MAX_CONTENTION_SCALE
