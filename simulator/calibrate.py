@@ -8,8 +8,8 @@ would be measured on, and measures on every rank at once (they share the cores, 
 * compute: iterations without DDP: forward, backward, optimizer step, and each parameter's gradient-ready time
   (post-accumulate-grad hooks), the order and timing DDP's buckets follow; medians over the first iterations and
   the compute-only halves of the contention pairs, so that they span the probe; each one right after an
-  iteration of DDP itself at the point's settings (a second replica), because compute timed beside DDP training
-  reads what that training runs at, and compute timed on an idle machine read up to 30% faster;
+  iteration of DDP itself at the point's settings (a second replica, whose phases are kept), so that compute is
+  timed beside training as the points then run it, not on a machine at rest;
 * communication: allreduces of 4 KiB up to the gradient's size (at most 128 MiB) on the point's link, fitted
   to the ring alpha-beta model (:func:`fit_link`) for the cost per byte;
 * latency: backward passes that launch one allreduce per gradient, of its size, as it becomes ready (DDP's
@@ -17,19 +17,20 @@ would be measured on, and measures on every rank at once (they share the cores, 
   per byte, reproduces when the last call finished (:func:`latency_from_calls`);
 * contention: the backward alone and while one allreduce long enough to cover it runs, in pairs (what overlap
   costs the compute where communication runs on the same cores, and what the compute costs the allreduce's
-  bytes);
+  bytes); then both scaled by the one factor with which the simulator reproduces the probe's own DDP iterations
+  (:func:`anchor_contention`), because the pairs read one point's contention 0.1-0.8 on different runs;
 * copies: DDP copies each gradient into its bucket and back out; the rank's memory-copy rate prices that.
 
 The result is a :class:`Calibration`, stored as a versioned JSON file, so a prediction names what it came from.
 """
 from __future__ import annotations
 
+import dataclasses
 import datetime
 import json
 import math
 import statistics
 import time
-import dataclasses
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
@@ -46,7 +47,8 @@ from harness.runner import build_trainer, machine_metadata, timed_iteration
 from .comm import AlphaBeta, Fit, concurrent_calls, fit_ring
 from .iteration import ComputeProfile, buckets_for, simulate
 
-VERSION = 8  # 8: compute timed right after DDP iterations; 7: compute from the first iterations and the pairs' compute-only halves, spread over the probe;
+VERSION = 8  # 8: compute timed right after DDP iterations, contentions anchored to them;
+#              7: compute from the first iterations and the pairs' compute-only halves, spread over the probe;
 #              6: alpha from per-gradient calls in backward, contention from interleaved pairs; 5: warm streams;
 #              4: alpha from a stream of calls;
 #              3: comm_contention; 2: probe sizes up to the gradient's (1 stopped at 32 MiB, and an emulated
