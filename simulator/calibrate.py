@@ -17,8 +17,11 @@ would be measured on, and measures on every rank at once (they share the cores, 
   per byte, reproduces when the last call finished (:func:`latency_from_calls`);
 * contention: the backward alone and while one allreduce long enough to cover it runs, in pairs (what overlap
   costs the compute where communication runs on the same cores, and what the compute costs the allreduce's
-  bytes); then both scaled by the one factor with which the simulator reproduces the probe's own DDP iterations
-  (:func:`anchor_contention`), because the pairs read one point's contention 0.1-0.8 on different runs;
+  bytes);
+* DDP itself: the iterations of DDP at the point's settings that the compute iterations follow give forward and
+  optimizer step as DDP runs them, and both contentions are scaled by the one factor with which the simulator
+  then reproduces DDP's whole iteration (:func:`anchor_to_ddp`), because the pairs read one point's contention
+  0.1-0.8 on different runs;
 * copies: DDP copies each gradient into its bucket and back out; the rank's memory-copy rate prices that.
 
 The result is a :class:`Calibration`, stored as a versioned JSON file, so a prediction names what it came from.
@@ -47,7 +50,7 @@ from harness.runner import build_trainer, machine_metadata, timed_iteration
 from .comm import AlphaBeta, Fit, concurrent_calls, fit_ring
 from .iteration import ComputeProfile, buckets_for, simulate
 
-VERSION = 8  # 8: compute timed right after DDP iterations, contentions anchored to them;
+VERSION = 8  # 8: compute timed right after DDP iterations; forward, step and contentions anchored to them;
 #              7: compute from the first iterations and the pairs' compute-only halves, spread over the probe;
 #              6: alpha from per-gradient calls in backward, contention from interleaved pairs; 5: warm streams;
 #              4: alpha from a stream of calls;
@@ -89,6 +92,11 @@ class Calibration:
         p = self.profile
         return dataclasses.replace(self, profile=dataclasses.replace(
             p, contention=p.contention * factor, comm_contention=p.comm_contention * factor))
+
+    def as_probed(self) -> "Calibration":
+        """This calibration as its probe alone read it, before :func:`anchor_to_ddp` (itself if not anchored)."""
+        probe = self.fit.get("probe")
+        return dataclasses.replace(self, profile=dataclasses.replace(self.profile, **probe)) if probe else self
 
     @classmethod
     def load(cls, path: str | Path) -> "Calibration":
@@ -315,10 +323,23 @@ def calibrate(cfg: TrainConfig) -> Calibration:
                       copy_ms_per_byte=_median(r["copy_ms_per_byte"] for r in rows),
                       buffer_bytes=int(rows[0]["buffer_bytes"]), point=point, fit=quality, meta=meta,
                       ddp={k: max(r["ddp"][k] for r in rows) for k in rows[0]["ddp"]})
-    if cal.ddp:  # the probe's own DDP iterations (synchronized, the point's settings) anchor the contentions
-        from .predict import Scenario
+    return anchor_to_ddp(cal, cfg) if cal.ddp else cal
 
-        scenario = Scenario(cfg.bucket_cap_mb, cfg.overlap, cfg.round_robin_groups)
-        cal, factor = anchor_contention(cal, scenario, cal.ddp["total_ms"])
-        cal = dataclasses.replace(cal, fit={**cal.fit, "contention_scale": factor})
-    return cal
+
+def anchor_to_ddp(cal: Calibration, cfg: TrainConfig) -> Calibration:
+    """``cal`` set on the probe's own DDP iterations (synchronized, at ``cfg``'s cap, overlap and groups): forward
+    and optimizer step as DDP ran them (they do not depend on the buckets; DDP's forward read 10-20% above the
+    compute-only one beside it, its buffer broadcast waiting for the slowest rank's step), then the contentions
+    scaled so that the whole iteration is DDP's (:func:`anchor_contention`). What the probe alone read stays in
+    ``fit["probe"]`` (:meth:`Calibration.as_probed`), so a validation can set both side by side."""
+    from .predict import Scenario, buffer_broadcast_ms
+
+    p = cal.profile
+    probe = dict(forward_ms=p.forward_ms, optimizer_ms=p.optimizer_ms, contention=p.contention,
+                 comm_contention=p.comm_contention)
+    forward = max(0.0, cal.ddp["forward_ms"] - buffer_broadcast_ms(cal, cal.comm))  # predict adds it back
+    cal = dataclasses.replace(cal, profile=dataclasses.replace(p, forward_ms=forward,
+                                                               optimizer_ms=cal.ddp["optimizer_ms"]))
+    scenario = Scenario(cfg.bucket_cap_mb, cfg.overlap, cfg.round_robin_groups)
+    cal, factor = anchor_contention(cal, scenario, cal.ddp["total_ms"])
+    return dataclasses.replace(cal, fit={**cal.fit, "contention_scale": factor, "probe": probe})

@@ -104,3 +104,23 @@ def test_contention_is_anchored_to_the_probes_own_ddp_iteration():
     # a measurement outside what any contention explains clamps to the range's end
     assert anchor_contention(cal, scenario, at[0.0] * 0.5)[1] == 0.0
     assert anchor_contention(cal, scenario, at[MAX_CONTENTION_SCALE] * 2)[1] == MAX_CONTENTION_SCALE
+
+
+def test_anchoring_takes_ddps_forward_and_step_then_fits_the_contentions_to_its_iteration():
+    from dataclasses import replace
+
+    from harness import TrainConfig
+    from simulator.calibrate import anchor_to_ddp
+
+    base = replace(_calibration(buffer_bytes=100), profile=replace(TWO, contention=0.5, comm_contention=0.2))
+    # DDP ran forward 8 ms (7 + the 1 ms broadcast), step 3 ms, and the iteration the contentions x2 would give
+    as_ddp = replace(base, profile=replace(base.profile, forward_ms=7.0, optimizer_ms=3.0))
+    total = predict(as_ddp.with_contention_scaled(2.0), Scenario(0))["predicted_ms"]
+    cal = replace(base, ddp=dict(forward_ms=8.0, backward_ms=0.0, optimizer_ms=3.0, total_ms=total))
+    anchored = anchor_to_ddp(cal, TrainConfig(model="small", bucket_cap_mb=0))
+    out = predict(anchored, Scenario(0))
+    assert out["forward_ms"] == pytest.approx(8.0) and out["optimizer_ms"] == pytest.approx(3.0)
+    assert out["predicted_ms"] == pytest.approx(total, rel=1e-3)
+    assert anchored.fit["contention_scale"] == pytest.approx(2.0, abs=1e-2)
+    assert anchored.as_probed().profile == base.profile  # what the probe alone read, for a side-by-side check
+    assert base.as_probed() == base
