@@ -78,6 +78,7 @@ class Calibration:
     fit: dict  # the alpha-beta fit's quality: r2, median/worst % error, samples
     meta: dict  # version, time, machine, git commit: what a prediction says it used
     ddp: dict = dataclasses.field(default_factory=dict)  # DDP's own phases beside the probe (slowest rank's medians)
+    rest: dict = dataclasses.field(default_factory=dict)  # compute alone before any DDP iteration (slowest rank's)
 
     def save(self, path: str | Path) -> Path:
         path = Path(path)
@@ -194,7 +195,8 @@ def probe_rank(ctx, cfg: TrainConfig) -> list[dict]:
                     ready=[(s - t1) * 1e3 for s in stamps], covered=(covered - t1) * 1e3,
                     calls_done=(max(done, default=t1) - t1) * 1e3)
 
-    runs = [after_ddp() for _ in range(cfg.warmup + cfg.iters)][cfg.warmup:]  # compute alone
+    rest = [iteration() for _ in range(cfg.warmup + cfg.iters)][cfg.warmup:]  # compute alone, before any DDP
+    runs = [after_ddp() for _ in range(cfg.warmup + cfg.iters)][cfg.warmup:]  # compute alone, after DDP
     grad_bytes = sum(p.numel() * p.element_size() for p in params)
     samples = []
     for nbytes in [n for n in PROBE_SIZES if n < 2 * grad_bytes] or PROBE_SIZES[:2]:  # ... the largest bucket
@@ -248,7 +250,8 @@ def probe_rank(ctx, cfg: TrainConfig) -> list[dict]:
                  comm_contention=comm_contention, calls_done_ms=calls_done, comm_samples=samples,
                  copy_ms_per_byte=_median(copy_ms[1:]) / (grads.numel() * grads.itemsize),
                  buffer_bytes=sum(b.numel() * b.element_size() for b in model.buffers()),
-                 ddp={k: _median(r[k] for r in ddp_runs[cfg.warmup:]) for k in DDP_PHASES} if ddp_runs else {})]
+                 ddp={k: _median(r[k] for r in ddp_runs[cfg.warmup:]) for k in DDP_PHASES} if ddp_runs else {},
+                 rest={f"{k}_ms": _median(r[k] for r in rest) for k in ("forward", "backward", "optimizer")})]
 
 
 def latency_from_calls(profile: ComputeProfile, done_ms: float, world_size: int, concurrent: int = 1,
@@ -322,8 +325,9 @@ def calibrate(cfg: TrainConfig) -> Calibration:
     cal = Calibration(profile=profile, comm=fit.model if fit else AlphaBeta(0.0, 0.0),
                       copy_ms_per_byte=_median(r["copy_ms_per_byte"] for r in rows),
                       buffer_bytes=int(rows[0]["buffer_bytes"]), point=point, fit=quality, meta=meta,
-                      ddp={k: max(r["ddp"][k] for r in rows) for k in rows[0]["ddp"]})
-    return anchor_to_ddp(cal, cfg) if cal.ddp else cal
+                      ddp={k: max(r["ddp"][k] for r in rows) for k in rows[0]["ddp"]},
+                      rest={k: max(r["rest"][k] for r in rows) for k in rows[0]["rest"]})
+    return cal
 
 
 def anchor_to_ddp(cal: Calibration, cfg: TrainConfig) -> Calibration:
