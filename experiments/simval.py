@@ -103,11 +103,9 @@ def run(cfg: Config, root=None) -> pd.DataFrame:
                 continue
             scenario = Scenario(p.bucket_cap_mb, p.overlap, p.round_robin_groups, p.sync_every)
             guess = predict(cal, scenario)
-            probed = predict(cal.as_probed(), scenario)["predicted_ms"]  # before anchoring to DDP's own iterations
             records.append(dict(model=p.model, world_size=p.world_size, net=p.net,
                                 net_rate_mbit=cal.point["net_rate_mbit"], **dataclasses.asdict(scenario), round=r,
                                 measured_ms=measured_ms(rows, p.sync_every), predicted_ms=guess["predicted_ms"],
-                                probe_predicted_ms=probed,
                                 regret=regret[p.bucket_cap_mb] if _is_cap_point(p) else math.nan,
                                 calibration=path.name))
     rounds = pd.DataFrame(records)
@@ -128,20 +126,16 @@ def combine(rounds: pd.DataFrame) -> pd.DataFrame:
     keys = ["model", "world_size", "net", "net_rate_mbit", "bucket_cap_mb", "overlap", "round_robin_groups",
             "sync_every"]
     out = rounds.groupby(keys, dropna=False, sort=False, as_index=False).agg(
-        measured_ms=("measured_ms", "median"), predicted_ms=("predicted_ms", "median"),
-        probe_predicted_ms=("probe_predicted_ms", "median"), regret=("regret", "median"), rounds=("round", "count"))
+        measured_ms=("measured_ms", "median"), predicted_ms=("predicted_ms", "median"), regret=("regret", "median"),
+        rounds=("round", "count"))
     out["error_pct"] = (out["predicted_ms"] / out["measured_ms"] - 1) * 100
-    out["probe_error_pct"] = (out["probe_predicted_ms"] / out["measured_ms"] - 1) * 100
     return out
 
 
 def summary(out: pd.DataFrame) -> pd.DataFrame:
-    """Median and worst absolute % error per model (the issue's goal: <= 5 % and <= 15 %), and the same for the
-    predictions from the probe alone, before it was anchored to DDP's own iterations (``probe_*``)."""
-    err = out.assign(abs_error_pct=out["error_pct"].abs(), probe_abs_error_pct=out["probe_error_pct"].abs())
-    return err.groupby("model").agg(
-        points=("abs_error_pct", "count"), median=("abs_error_pct", "median"), worst=("abs_error_pct", "max"),
-        probe_median=("probe_abs_error_pct", "median"), probe_worst=("probe_abs_error_pct", "max")).round(1)
+    """Median and worst absolute % error per model (the issue's goal: <= 5 % and <= 15 %)."""
+    err = out.assign(abs_error_pct=out["error_pct"].abs())
+    return err.groupby("model")["abs_error_pct"].agg(points="count", median="median", worst="max").round(1)
 
 
 def tuning(out: pd.DataFrame) -> pd.DataFrame:

@@ -8,8 +8,8 @@ would be measured on, and measures on every rank at once (they share the cores, 
 * compute: iterations without DDP: forward, backward, optimizer step, and each parameter's gradient-ready time
   (post-accumulate-grad hooks), the order and timing DDP's buckets follow; medians over the first iterations and
   the compute-only halves of the contention pairs, so that they span the probe; each one right after an
-  iteration of DDP itself at the point's settings (a second replica, whose phases are kept), so that compute is
-  timed beside training as the points then run it, not on a machine at rest;
+  iteration of DDP itself at the point's settings (a second replica), so that compute is timed beside training as
+  the points then run it (kept for the record: DDP's own phases, and compute alone before any DDP iteration);
 * communication: allreduces of 4 KiB up to the gradient's size (at most 128 MiB) on the point's link, fitted
   to the ring alpha-beta model (:func:`fit_link`) for the cost per byte;
 * latency: backward passes that launch one allreduce per gradient, of its size, as it becomes ready (DDP's
@@ -18,10 +18,6 @@ would be measured on, and measures on every rank at once (they share the cores, 
 * contention: the backward alone and while one allreduce long enough to cover it runs, in pairs (what overlap
   costs the compute where communication runs on the same cores, and what the compute costs the allreduce's
   bytes);
-* DDP itself: the iterations of DDP at the point's settings that the compute iterations follow give forward and
-  optimizer step as DDP runs them, and both contentions are scaled by the one factor with which the simulator
-  then reproduces DDP's whole iteration (:func:`anchor_to_ddp`), because the pairs read one point's contention
-  0.1-0.8 on different runs;
 * copies: DDP copies each gradient into its bucket and back out; the rank's memory-copy rate prices that.
 
 The result is a :class:`Calibration`, stored as a versioned JSON file, so a prediction names what it came from.
@@ -50,7 +46,7 @@ from harness.runner import build_trainer, machine_metadata, timed_iteration
 from .comm import AlphaBeta, Fit, concurrent_calls, fit_ring
 from .iteration import ComputeProfile, buckets_for, simulate
 
-VERSION = 8  # 8: compute timed right after DDP iterations; forward, step and contentions anchored to them;
+VERSION = 8  # 8: compute timed right after DDP iterations;
 #              7: compute from the first iterations and the pairs' compute-only halves, spread over the probe;
 #              6: alpha from per-gradient calls in backward, contention from interleaved pairs; 5: warm streams;
 #              4: alpha from a stream of calls;
@@ -63,7 +59,6 @@ CONTENTION_PAIRS = 3  # (backward alone, backward under an allreduce) pairs
 PROBE_CALLS = 3  # timed calls per size, after one warm-up call (2 for calls of 32 MiB and more)
 MAX_COVER_BYTES = 512 * 1024 * 1024  # the contention probe's allreduce never allocates more
 DDP_PHASES = ("forward_ms", "backward_ms", "optimizer_ms", "total_ms")
-MAX_CONTENTION_SCALE = 4.0  # anchor_contention's range: the probe's pairs are off by more only in a broken probe
 
 
 @dataclass(frozen=True)
@@ -77,8 +72,10 @@ class Calibration:
     point: dict  # the probed point's config columns, plus the network rate and the backend ("process_group") used
     fit: dict  # the alpha-beta fit's quality: r2, median/worst % error, samples
     meta: dict  # version, time, machine, git commit: what a prediction says it used
-    ddp: dict = dataclasses.field(default_factory=dict)  # DDP's own phases beside the probe (slowest rank's medians)
-    rest: dict = dataclasses.field(default_factory=dict)  # compute alone before any DDP iteration (slowest rank's)
+    # for the record, not used by predictions (slowest rank's medians): DDP's own phases beside the probe, and
+    # compute alone before any DDP iteration
+    ddp: dict = dataclasses.field(default_factory=dict)
+    rest: dict = dataclasses.field(default_factory=dict)
 
     def save(self, path: str | Path) -> Path:
         path = Path(path)
@@ -93,11 +90,6 @@ class Calibration:
         p = self.profile
         return dataclasses.replace(self, profile=dataclasses.replace(
             p, contention=p.contention * factor, comm_contention=p.comm_contention * factor))
-
-    def as_probed(self) -> "Calibration":
-        """This calibration as its probe alone read it, before :func:`anchor_to_ddp` (itself if not anchored)."""
-        probe = self.fit.get("probe")
-        return dataclasses.replace(self, profile=dataclasses.replace(self.profile, **probe)) if probe else self
 
     @classmethod
     def load(cls, path: str | Path) -> "Calibration":
@@ -274,28 +266,6 @@ def latency_from_calls(profile: ComputeProfile, done_ms: float, world_size: int,
     return (lo + hi) / 2
 
 
-def anchor_contention(cal: Calibration, scenario, measured_ms: float) -> tuple[Calibration, float]:
-    """``cal`` with both contentions scaled by the one factor (in [0, MAX_CONTENTION_SCALE]) with which it
-    predicts ``measured_ms`` for ``scenario``, and that factor. How much compute and communication slow each
-    other is what the probe measures least surely (interleaved pairs read 0.1-0.8 for one point on different
-    runs), and a DDP iteration measures its net effect directly."""
-    from .predict import predict  # predict imports this module
-
-    def at(factor: float) -> float:
-        return predict(cal.with_contention_scaled(factor), scenario)["predicted_ms"]
-
-    lo, hi = 0.0, MAX_CONTENTION_SCALE
-    if at(lo) >= measured_ms:
-        hi = lo
-    elif at(hi) <= measured_ms:
-        lo = hi
-    while hi - lo > 1e-3:
-        mid = (lo + hi) / 2
-        lo, hi = (mid, hi) if at(mid) < measured_ms else (lo, mid)
-    factor = (lo + hi) / 2
-    return cal.with_contention_scaled(factor), factor
-
-
 def calibrate(cfg: TrainConfig) -> Calibration:
     """Probe ``cfg``'s ranks and network now (its ``iters``/``warmup`` set the compute iterations)."""
     rows = run_point(cfg, fn=probe_rank)
@@ -322,28 +292,8 @@ def calibrate(cfg: TrainConfig) -> Calibration:
     meta = dict(version=VERSION, created_at=now, git_commit=git_commit(), **machine_metadata())
     quality = {} if fit is None else dict(r2=fit.r2, median_abs_pct_error=fit.median_abs_pct_error,
                                           worst_abs_pct_error=fit.worst_abs_pct_error, samples=fit.n)
-    cal = Calibration(profile=profile, comm=fit.model if fit else AlphaBeta(0.0, 0.0),
-                      copy_ms_per_byte=_median(r["copy_ms_per_byte"] for r in rows),
-                      buffer_bytes=int(rows[0]["buffer_bytes"]), point=point, fit=quality, meta=meta,
-                      ddp={k: max(r["ddp"][k] for r in rows) for k in rows[0]["ddp"]},
-                      rest={k: max(r["rest"][k] for r in rows) for k in rows[0]["rest"]})
-    return cal
-
-
-def anchor_to_ddp(cal: Calibration, cfg: TrainConfig) -> Calibration:
-    """``cal`` set on the probe's own DDP iterations (synchronized, at ``cfg``'s cap, overlap and groups): forward
-    and optimizer step as DDP ran them (they do not depend on the buckets; DDP's forward read 10-20% above the
-    compute-only one beside it, its buffer broadcast waiting for the slowest rank's step), then the contentions
-    scaled so that the whole iteration is DDP's (:func:`anchor_contention`). What the probe alone read stays in
-    ``fit["probe"]`` (:meth:`Calibration.as_probed`), so a validation can set both side by side."""
-    from .predict import Scenario, buffer_broadcast_ms
-
-    p = cal.profile
-    probe = dict(forward_ms=p.forward_ms, optimizer_ms=p.optimizer_ms, contention=p.contention,
-                 comm_contention=p.comm_contention)
-    forward = max(0.0, cal.ddp["forward_ms"] - buffer_broadcast_ms(cal, cal.comm))  # predict adds it back
-    cal = dataclasses.replace(cal, profile=dataclasses.replace(p, forward_ms=forward,
-                                                               optimizer_ms=cal.ddp["optimizer_ms"]))
-    scenario = Scenario(cfg.bucket_cap_mb, cfg.overlap, cfg.round_robin_groups)
-    cal, factor = anchor_contention(cal, scenario, cal.ddp["total_ms"])
-    return dataclasses.replace(cal, fit={**cal.fit, "contention_scale": factor, "probe": probe})
+    return Calibration(profile=profile, comm=fit.model if fit else AlphaBeta(0.0, 0.0),
+                       copy_ms_per_byte=_median(r["copy_ms_per_byte"] for r in rows),
+                       buffer_bytes=int(rows[0]["buffer_bytes"]), point=point, fit=quality, meta=meta,
+                       ddp={k: max(r["ddp"][k] for r in rows) for k in rows[0]["ddp"]},
+                       rest={k: max(r["rest"][k] for r in rows) for k in rows[0]["rest"]})

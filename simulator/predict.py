@@ -35,18 +35,13 @@ def with_bucket_copies(profile: ComputeProfile, copy_ms_per_byte: float) -> Comp
     return replace(profile, ready_ms=tuple(ready), backward_ms=profile.backward_ms + extra)
 
 
-def buffer_broadcast_ms(cal: Calibration, comm: CommModel) -> float:
-    """DDP's broadcast of the module's buffers before forward: half an allreduce of their bytes."""
-    return comm.allreduce_ms(cal.buffer_bytes, int(cal.point["world_size"])) / 2 if cal.buffer_bytes else 0.0
-
-
 def predict(cal: Calibration, scenario: Scenario, comm: CommModel | None = None) -> dict:
     """Predicted per-iteration latency (``predicted_ms``, the mean over ``sync_every`` iterations) and its
     breakdown, for ``scenario`` on the calibrated point (``comm`` replaces the probed link's model)."""
     comm = comm or cal.comm
     world_size = int(cal.point["world_size"])
     profile = with_bucket_copies(cal.profile, cal.copy_ms_per_byte)
-    broadcast_ms = buffer_broadcast_ms(cal, comm)
+    broadcast_ms = comm.allreduce_ms(cal.buffer_bytes, world_size) / 2 if cal.buffer_bytes else 0.0
     copy_out_ms = sum(profile.param_bytes) * cal.copy_ms_per_byte
     profile = replace(profile, forward_ms=profile.forward_ms + broadcast_ms)
     buckets = buckets_for(profile, scenario.bucket_cap_mb)

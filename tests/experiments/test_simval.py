@@ -15,8 +15,7 @@ def test_no_sync_points_measure_whole_cycles_after_one():
 
 def _row(cap, measured, predicted, net="1gbit", **kw):
     return {**dict(model="resnet50", world_size=2, net=net, bucket_cap_mb=cap, overlap=True, round_robin_groups=1,
-                   net_rate_mbit=1000.0, sync_every=1, measured_ms=measured, predicted_ms=predicted,
-                   probe_predicted_ms=predicted), **kw}
+                   net_rate_mbit=1000.0, sync_every=1, measured_ms=measured, predicted_ms=predicted), **kw}
 
 
 def test_tuning_sets_the_recommended_cap_beside_the_best_measured():
