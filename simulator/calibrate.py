@@ -85,12 +85,6 @@ class Calibration:
         tmp.replace(path)
         return path
 
-    def with_contention_scaled(self, factor: float) -> "Calibration":
-        """Both contentions (compute under communication and the other way round) times ``factor``."""
-        p = self.profile
-        return dataclasses.replace(self, profile=dataclasses.replace(
-            p, contention=p.contention * factor, comm_contention=p.comm_contention * factor))
-
     @classmethod
     def load(cls, path: str | Path) -> "Calibration":
         raw = json.loads(Path(path).read_text())
@@ -153,7 +147,9 @@ def probe_rank(ctx, cfg: TrainConfig) -> list[dict]:
     for i, p in enumerate(params):
         p.register_post_accumulate_grad_hook(lambda _p, i=i: on_ready(i))
     optimizer = torch.optim.SGD(params, lr=cfg.lr)
-    trainer = build_trainer(seeded_model(cfg.model, cfg.seed).to(ctx.device), cfg, ctx) if ctx.world_size > 1 else None
+    trainer = None  # DDP at the point's settings on a second replica: compute is timed right after its iterations
+    if ctx.world_size > 1:
+        trainer = build_trainer(seeded_model(cfg.model, cfg.seed).to(ctx.device), cfg, ctx)
     ddp_runs: list[dict] = []
 
     def after_ddp(cover: torch.Tensor | None = None) -> dict:

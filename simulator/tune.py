@@ -47,7 +47,9 @@ def recommend(cal: Calibration, caps_mb, scenario: Scenario = Scenario()) -> Rec
         raise ValueError("recommend needs at least one bucket cap")
     curves = {}
     for a, c in itertools.product(ALPHA_FACTORS, CONTENTION_FACTORS):
-        scaled = replace(cal.with_contention_scaled(c), comm=with_alpha_scaled(cal.comm, a))
+        p = cal.profile
+        scaled = replace(cal, comm=with_alpha_scaled(cal.comm, a),
+                         profile=replace(p, contention=p.contention * c, comm_contention=p.comm_contention * c))
         curves[a, c] = {cap: predict(scaled, replace(scenario, bucket_cap_mb=cap))["predicted_ms"] for cap in caps}
     nominal = curves[1.0, 1.0]
     regret = {cap: max(curve[cap] / min(curve.values()) for curve in curves.values()) for cap in caps}
