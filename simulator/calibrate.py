@@ -24,13 +24,12 @@ The result is a :class:`Calibration`, stored as a versioned JSON file, so a pred
 """
 from __future__ import annotations
 
-import dataclasses
 import datetime
 import json
 import math
 import statistics
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 import numpy as np
@@ -74,8 +73,8 @@ class Calibration:
     meta: dict  # version, time, machine, git commit: what a prediction says it used
     # for the record, not used by predictions (slowest rank's medians): DDP's own phases beside the probe, and
     # compute alone before any DDP iteration
-    ddp: dict = dataclasses.field(default_factory=dict)
-    rest: dict = dataclasses.field(default_factory=dict)
+    ddp: dict = field(default_factory=dict)
+    rest: dict = field(default_factory=dict)
 
     def save(self, path: str | Path) -> Path:
         path = Path(path)
