@@ -63,8 +63,9 @@ def test_predict_command_probes_stores_and_reuses_a_calibration(tmp_path):
     out = json.loads(done.stdout.strip().splitlines()[-1])
     assert out["predicted_ms"] > 0 and out["point"]["model"] == "small" and out["point"]["bucket_cap_mb"] == 1
     stored = Path(out["calibration"])
+    assert stored.exists()
     cal = Calibration.load(stored)
-    assert stored.exists() and cal.point["world_size"] == 2
+    assert cal.point["world_size"] == 2
     # compute was timed after DDP's own iterations, whose phases are kept beside compute timed before any
     assert set(cal.ddp) == {"forward_ms", "backward_ms", "optimizer_ms", "total_ms"} and cal.ddp["total_ms"] > 0
     assert set(cal.rest) == {"forward_ms", "backward_ms", "optimizer_ms"} and cal.rest["backward_ms"] > 0
