@@ -20,7 +20,6 @@ import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from unittest import mock
 
 import numpy as np
 import pandas as pd
@@ -30,7 +29,7 @@ import torch.distributed as dist
 from harness.config import MODELS, PROFILES, auto_profile_backend, parse_dataclass
 from harness.env import in_place, is_writer
 from harness.errors import command_line, refusing
-from harness.launch import BACKENDS, RankContext, check_backend, launch
+from harness.launch import BACKENDS, MALLOC_ENV, RankContext, check_backend, launch, missing_malloc_env
 from harness.memory import PeakMeter, current_bytes
 from harness.models import input_spec, make_inputs, seeded_model
 from harness.results import git_commit, results_root, write_csv_atomic
@@ -41,7 +40,6 @@ from harness.stats import bootstrap_median_ci, pooled_geomean_ci, ratio_of_media
 MIB = 1024 * 1024
 ORDER = ("torch", "ours", "ours_notiming", "torch_b", "local", "allreduce")
 MEMORY_VARIANTS = (("local", False), ("ours", False), ("ours", True), ("torch", False), ("torch", True))
-MALLOC_ENV = {"default": {}, "retain": {"MALLOC_MMAP_MAX_": "0", "MALLOC_TRIM_THRESHOLD_": str(2 ** 62)}}
 
 
 @dataclass(frozen=True)
@@ -83,7 +81,7 @@ def validate_bench(cfg: BenchConfig) -> BenchConfig:
                            ("world_size", 2, " (a comparison of DDPs)"), ("memory_iters", 1, "")):
         if getattr(cfg, name) < low:
             raise ValueError(f"{name} must be >= {low}{why}, got {getattr(cfg, name)}")
-    missing = {k: v for k, v in MALLOC_ENV[cfg.malloc].items() if os.environ.get(k) != v}
+    missing = missing_malloc_env(cfg.malloc)
     if missing and in_place():  # ranks already started: glibc read its settings then
         raise ValueError(f"malloc={cfg.malloc!r} under torchrun/SLURM: export "
                          + " ".join(f"{k}={v}" for k, v in missing.items()) + " before launching")
@@ -238,10 +236,9 @@ def pooled(samples: pd.DataFrame, seed: int = 0) -> pd.DataFrame:
     return pd.DataFrame(rows)
 
 
-def _small_mmap_threshold():
-    """Spawned ranks get glibc's mmap threshold at 64 KiB, so a freed tensor's pages go back to the OS at once
-    and the resident set tracks live tensors (with the default, freed memory stays resident and peaks blur)."""
-    return mock.patch.dict(os.environ, {"MALLOC_MMAP_THRESHOLD_": "65536"})
+# Memory jobs' ranks get glibc's mmap threshold at 64 KiB, so a freed tensor's pages go back to the OS at once and
+# the resident set tracks live tensors (with the default, freed memory stays resident and peaks blur).
+SMALL_MMAP_THRESHOLD = {"MALLOC_MMAP_THRESHOLD_": "65536"}
 
 
 def run_bench(cfg: BenchConfig) -> dict[str, pd.DataFrame]:
@@ -258,9 +255,8 @@ def run_bench(cfg: BenchConfig) -> dict[str, pd.DataFrame]:
         for cap in cfg.bucket_caps_mb if cfg.latency else ():
             started = datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")
             load_before, t0 = _load(), time.monotonic()
-            with mock.patch.dict(os.environ, MALLOC_ENV[cfg.malloc]):
-                ranks = launch(latency_job, cfg.world_size, cfg.backend, args=(name, cap, cfg),
-                               timeout_s=cfg.timeout_s, threads=cfg.threads_per_rank)
+            ranks = launch(latency_job, cfg.world_size, cfg.backend, args=(name, cap, cfg),
+                           timeout_s=cfg.timeout_s, threads=cfg.threads_per_rank, rank_env=MALLOC_ENV[cfg.malloc])
             point = dict(model=name, bucket_cap_mb=cap)
             samples = pd.DataFrame([{**point, "rank": r["rank"], **s} for r in ranks for s in r["samples"]])
             all_samples.append(samples)
@@ -279,10 +275,9 @@ def run_bench(cfg: BenchConfig) -> dict[str, pd.DataFrame]:
                       f"torch copies {summary[-1]['paired_both']:.3f}", file=sys.stderr)
         if cfg.memory:
             for variant, as_view in MEMORY_VARIANTS:
-                with _small_mmap_threshold():
-                    ranks = launch(memory_job, cfg.world_size, cfg.backend, timeout_s=cfg.timeout_s,
-                                   args=(name, cfg.memory_cap_mb, variant, as_view, cfg),
-                                   threads=cfg.threads_per_rank)
+                ranks = launch(memory_job, cfg.world_size, cfg.backend, timeout_s=cfg.timeout_s,
+                               args=(name, cfg.memory_cap_mb, variant, as_view, cfg),
+                               threads=cfg.threads_per_rank, rank_env=SMALL_MMAP_THRESHOLD)
                 memory.append(dict(model=name, bucket_cap_mb=cfg.memory_cap_mb, variant=variant,
                                    gradient_as_bucket_view=as_view, peak_mb=max(r["peak_mb"] for r in ranks),
                                    startup_peak_mb=max(r["startup_peak_mb"] for r in ranks),

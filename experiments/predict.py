@@ -29,13 +29,14 @@ CALIBRATION_DIR = "calibration"
 
 
 def calibration_path(cfg: TrainConfig, root=None) -> Path:
-    """One file per (model, profile, batch, ranks, backend, network, threads) on this machine."""
+    """One file per (model, profile, batch, ranks, backend, network, threads, allocator) on this machine."""
     import socket
 
     cfg = validate(cfg)  # auto profile and backend made concrete
     net = cfg.net.replace("/", "_")
+    malloc = "" if cfg.malloc == "default" else f"-{cfg.malloc}"
     name = (f"{cfg.model}-{cfg.profile}-b{cfg.batch_size}-n{cfg.world_size}-{cfg.backend}-{net}"
-            f"-t{cfg.threads_per_rank}-{socket.gethostname()}.json")
+            f"-t{cfg.threads_per_rank}{malloc}-{socket.gethostname()}.json")
     return Path(results_root(root)) / CALIBRATION_DIR / name
 
 
@@ -45,9 +46,10 @@ def calibration_for(cfg: TrainConfig, stored: str = "", root=None):
 
     if stored:
         cal = Calibration.load(stored)
-        for key in ("model", "profile", "world_size", "backend"):
-            if cal.point[key] != getattr(cfg, key):
-                raise ValueError(f"calibration {stored} was probed with {key}={cal.point[key]!r}, but the point "
+        for key in ("model", "profile", "world_size", "backend", "malloc"):
+            probed = cal.point.get(key, "default")  # calibrations older than the malloc field: glibc's default
+            if probed != getattr(cfg, key):
+                raise ValueError(f"calibration {stored} was probed with {key}={probed!r}, but the point "
                                  f"asks for {key}={getattr(cfg, key)!r}; probe again (leave out --calibration)")
         return cal, Path(stored)
     cal = calibrate(dataclasses.replace(cfg, iters=PROBE_ITERS, warmup=PROBE_WARMUP))

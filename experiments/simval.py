@@ -48,13 +48,17 @@ class Config:
     warmup: int = 1
     no_sync_cycles: int = 2  # a no_sync point measures this many cycles of n iterations, after one
     rounds: int = 2  # the whole grid again, each round with probes of its own (the host drifts within minutes)
+    # glibc's allocator in the ranks, probes and points alike (harness.launch.MALLOC_ENV): with its defaults, how
+    # many pages a backward faults in depends on the heap's history (BERT-base: 0 to 130k, backward 410-650 ms),
+    # which differs between a probe's process and the points'; "retain" keeps freed memory, as CUDA's allocator does
+    malloc: str = "retain"
 
 
 def groups(cfg: Config) -> list[tuple[TrainConfig, list[TrainConfig]]]:
     """(the point the probe runs as, the points it predicts) per (model, world size, link rate)."""
     out = []
     for model in cfg.models:
-        base = TrainConfig(model=model, impl="ours", iters=cfg.iters, warmup=cfg.warmup)
+        base = TrainConfig(model=model, impl="ours", iters=cfg.iters, warmup=cfg.warmup, malloc=cfg.malloc)
         settings = [(2, net, cfg.bucket_caps_mb, True) for net in cfg.nets]
         settings += [(ws, cfg.scale_net, cfg.scale_caps_mb, False) for ws in cfg.world_sizes]
         for ws, net, caps, full in settings:

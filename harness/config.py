@@ -26,7 +26,7 @@ from dataclasses import dataclass, field
 from ddp_impl.comm_hooks import ALIASES
 from harness import env
 from harness.data import DATASETS
-from harness.launch import BACKENDS
+from harness.launch import BACKENDS, MALLOC_ENV
 from harness.rate import check_net
 from harness.systems import DDP_IMPLS, IMPLS, OPTIMIZERS
 
@@ -74,6 +74,9 @@ class TrainConfig:
     threads_per_rank: int = _field(0, "non_negative")  # 0 = max(1, cores // ranks on this node)
     net: str = DEFAULT_NET  # loopback | RATE per rank, e.g. 1gbit (emulated link) | auto; see harness.netem
     hosts: int = _field(1, "positive", added=True)  # emulated hosts: ranks split evenly, net = each host's link
+    # glibc's allocator in the ranks: default | retain (freed memory stays for reuse, as CUDA's caching allocator
+    # keeps it; no page faults from reusing it): harness.launch.MALLOC_ENV
+    malloc: str = _field("default", choices=tuple(MALLOC_ENV), added=True)
     timeout_s: float = _field(300.0, "positive", identity=False)  # process group timeout
     fault: str = ""  # fault injection for tests: "<kind>@<rank>", FAULT_KINDS (harness.launch.inject_fault)
 
@@ -215,6 +218,9 @@ def validate(cfg: PointConfig) -> PointConfig:
                              f"{cfg.world_size} (use replicas=N)")
         if cfg.gradient_as_bucket_view and cfg.impl not in DDP_IMPLS:
             raise ValueError(f"gradient_as_bucket_view=True needs impl 'ours' or 'torch', got {cfg.impl!r}")
+        if cfg.memory and cfg.malloc != "default":
+            raise ValueError(f"memory=True measures the resident set as glibc hands freed memory back, which "
+                             f"malloc={cfg.malloc!r} prevents: measure memory with malloc='default'")
         if cfg.trace_buckets and cfg.impl != "ours":
             raise ValueError(f"trace_buckets=True needs impl='ours' (its per-bucket timing), got {cfg.impl!r}")
     elif isinstance(cfg, ConvergenceConfig):

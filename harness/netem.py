@@ -187,9 +187,10 @@ class NamespacePool:
     """
 
     def __init__(self, world_size: int, backend: str, *, rate_mbit: float, timeout_s: float, threads: int,
-                 hosts: int = 1):
+                 hosts: int = 1, env: dict | None = None):
         self.setup = dict(world_size=world_size, backend=backend, timeout_s=timeout_s, threads=threads,
                           rate_mbit=rate_mbit, hosts=hosts)
+        self.env = dict(env or {})  # for the helper and the ranks it spawns
         self._proc: subprocess.Popen | None = None
 
     def __enter__(self) -> "NamespacePool":
@@ -201,7 +202,7 @@ class NamespacePool:
     def _start(self) -> None:
         require()
         repo = str(Path(__file__).resolve().parents[1])
-        env = {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in (repo, os.environ.get("PYTHONPATH")) if p)}
+        env = {**os.environ, **self.env, "PYTHONPATH": os.pathsep.join(p for p in (repo, os.environ.get("PYTHONPATH")) if p)}
         if "TORCH_CPP_LOG_LEVEL" not in env:
             # The helper hosts the rendezvous store, whose server warns that it cannot reverse-resolve its
             # clients (no DNS in the namespace). Quiet the helper only; it unsets this before spawning the ranks.

@@ -42,7 +42,7 @@ from harness.config import (AllreduceConfig, ConvergenceConfig, PointConfig, Tra
 from harness.convergence import run_convergence_point
 from harness.env import in_place, is_writer
 from harness.errors import refusing
-from harness.launch import LaunchError, RankPool, init_in_place, launch, refuse_in_bootstrapping_child
+from harness.launch import MALLOC_ENV, LaunchError, RankPool, init_in_place, launch, refuse_in_bootstrapping_child
 from harness.models import build_model
 from harness.preflight import preflight
 from harness.runner import run_training_point, run_training_points
@@ -77,8 +77,8 @@ def available_memory_fraction() -> float:
 
 
 class _Pools(dict):
-    """The ranks a sweep keeps between its points, one pool per (network, ranks, backend, timeout, threads, hosts):
-    process start, imports and process-group set-up are paid once per pool, not once per point. Closed with the
+    """The ranks a sweep keeps between its points, one pool per (network, ranks, backend, timeout, threads, hosts,
+    allocator): process start, imports and process-group set-up are paid once per pool, not once per point. Closed with the
     ``ExitStack`` given; a pool whose point failed starts fresh ranks for the next one. Idle pools hold their
     ranks' memory (big models, optimizer state), so before a new pool starts while less than ``MIN_AVAILABLE``
     of the memory is available, the others are closed. A point measuring memory gets fresh ranks (``fresh``): on
@@ -93,14 +93,15 @@ class _Pools(dict):
 
     def get_for(self, cfg: PointConfig, rate_mbit: float | None, fresh: bool = False):
         hosts = getattr(cfg, "hosts", 1)
-        key = (rate_mbit, cfg.world_size, cfg.backend, cfg.timeout_s, cfg.threads_per_rank, hosts)
+        malloc = getattr(cfg, "malloc", "default")
+        key = (rate_mbit, cfg.world_size, cfg.backend, cfg.timeout_s, cfg.threads_per_rank, hosts, malloc)
         if fresh and key in self:
             self.pop(key).close()
         if key not in self:
             if self and available_memory_fraction() < self.MIN_AVAILABLE:
                 for other in list(self):
                     self.pop(other).close()
-            how = dict(timeout_s=cfg.timeout_s, threads=cfg.threads_per_rank)
+            how = dict(timeout_s=cfg.timeout_s, threads=cfg.threads_per_rank, env=MALLOC_ENV[malloc])
             pool = (RankPool(cfg.world_size, cfg.backend, **how) if rate_mbit is None else
                     netem.NamespacePool(cfg.world_size, cfg.backend, rate_mbit=rate_mbit, hosts=hosts, **how))
             self[key] = self.stack.enter_context(pool)

@@ -1,7 +1,6 @@
 """`make bench` in a tiny configuration: the CLI runs, writes tidy CSVs and prints the tables (no time limits)."""
 import math
 import os
-import resource
 import subprocess
 import sys
 from unittest import mock
@@ -11,7 +10,7 @@ import pandas as pd
 import pytest
 import torch
 
-from experiments.bench import MALLOC_ENV, MEMORY_COLUMNS, SUMMARY_COLUMNS, BenchConfig, pooled, validate_bench
+from experiments.bench import MEMORY_COLUMNS, SUMMARY_COLUMNS, BenchConfig, pooled, validate_bench
 from harness.launch import launch
 
 
@@ -84,27 +83,6 @@ def test_pooled_ratio_is_the_geometric_mean_of_the_paired_point_ratios():
     even = pooled(_samples({1.0: 1.1, 5.0: 1 / 1.1}, rounds=9)).set_index("comparison")
     assert even.loc["ours / torch, torch_b", "pooled_ratio"] == pytest.approx(1.0)
     assert even.loc["ours / torch, torch_b", "ci_lo"] == pytest.approx(1.0)
-
-
-def _refaults(ctx):
-    """Pages faulted in over the last 6 of 10 cycles of allocating and filling a 256 MiB tensor, each freed
-    before the next (the heap grows in the first cycles)."""
-    for _ in range(4):
-        torch.ones(64 * 2 ** 20).sum()
-    before = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
-    for _ in range(6):
-        torch.ones(64 * 2 ** 20).sum()
-    return resource.getrusage(resource.RUSAGE_SELF).ru_minflt - before
-
-
-def test_malloc_retain_keeps_freed_memory_in_the_process():
-    """What --malloc=retain claims: with glibc's defaults a big block's pages are faulted in again on every reuse
-    (6 blocks' worth); kept, they are reused (the heap may still grow once or twice while it fragments)."""
-    block = 256 * 2 ** 20 // 4096
-    default = launch(_refaults, 2, "gloo", timeout_s=60, threads=1)
-    with mock.patch.dict(os.environ, MALLOC_ENV["retain"]):
-        retain = launch(_refaults, 2, "gloo", timeout_s=60, threads=1)
-    assert min(default) > 5 * block and max(retain) < 3 * block, (default, retain)
 
 
 def test_bench_config_is_validated():

@@ -30,6 +30,8 @@ def no_launch(monkeypatch):
     (TrainConfig(impl="torch", round_robin_groups=3), "round_robin_groups=3"),
     (TrainConfig(comm_hook="powersgd"), "comm_hook 'powersgd'"),
     (TrainConfig(fault="explode"), "fault 'explode'"),
+    (TrainConfig(malloc="jemalloc"), "malloc 'jemalloc'"),
+    (TrainConfig(memory=True, malloc="retain"), "malloc='retain' prevents"),
     (AllreduceConfig(iters=-2), "iters must be a positive finite number, got -2"),
     (AllreduceConfig(params_per_call=0), "params_per_call must be a positive finite number, got 0"),
     (AllreduceConfig(total_params=10, params_per_call=100), "params_per_call=100 exceeds total_params=10"),
@@ -57,6 +59,18 @@ def test_more_nccl_ranks_than_gpus_is_refused(no_launch, monkeypatch, tmp_path):
                                                 params_per_call=5)], root=tmp_path)
 
 
+def test_an_allocator_setting_under_torchrun_must_already_be_exported(monkeypatch):
+    from harness.preflight import preflight
+
+    monkeypatch.setenv("RANK", "0")  # the ranks are already running: glibc read its settings when they started
+    monkeypatch.delenv("MALLOC_MMAP_MAX_", raising=False)
+    with pytest.raises(ValueError, match="malloc='retain' under torchrun/SLURM: export MALLOC_MMAP_MAX_=0"):
+        preflight([TrainConfig(world_size=1, backend="gloo", net="loopback", malloc="retain")])
+    monkeypatch.setenv("MALLOC_MMAP_MAX_", "0")
+    monkeypatch.setenv("MALLOC_TRIM_THRESHOLD_", str(2 ** 62))
+    preflight([TrainConfig(world_size=1, backend="gloo", net="loopback", malloc="retain")])
+
+
 def test_auto_profile_and_backend_follow_the_hardware(monkeypatch):
     monkeypatch.setattr(env, "cuda_available", lambda: False)
     cpu = validate(TrainConfig())
@@ -74,7 +88,7 @@ def test_point_id_is_stable_and_sensitive_to_identity_fields(monkeypatch):
     base = TrainConfig(model="resnet50", bucket_cap_mb=25.0)
     assert point_id(base) == point_id(TrainConfig(model="resnet50", bucket_cap_mb=25.0))
     assert len(point_id(base)) == 12
-    for change in ({"bucket_cap_mb": 5.0}, {"impl": "torch"}, {"seed": 1}, {"sync_every": 2}):
+    for change in ({"bucket_cap_mb": 5.0}, {"impl": "torch"}, {"seed": 1}, {"sync_every": 2}, {"malloc": "retain"}):
         assert point_id(dataclasses.replace(base, **change)) != point_id(base), change
     assert point_id(dataclasses.replace(base, timeout_s=60.0)) == point_id(base)  # not an identity field
     assert point_id(AllreduceConfig(world_size=2)) != point_id(TrainConfig(world_size=2))

@@ -1,7 +1,9 @@
 """Emulated network (harness.netem): busbw matches the configured rate, the host's network is untouched,
 refused namespaces give a clear error, ``auto`` picks and records a rate, emulated hosts shape only what crosses
 between them."""
+import dataclasses
 import math
+import os
 import statistics
 import subprocess
 import time
@@ -269,3 +271,14 @@ def test_drivers_never_mix_rows_of_different_host_counts():
     assert list(ok_rows(df, net="loopback", hosts=2)["point_id"]) == ["local"]  # no communication: any hosts
     points = fig9.points(fig9.Config(world_sizes=(2, 4), hosts=2, models=("small",), repeats=1))
     assert {(p.impl, p.hosts) for p in points} == {("ours", 2), ("local", 1)}
+
+
+def _allocator_env(ctx, cfg):
+    return [dict(mmap_max=os.environ.get("MALLOC_MMAP_MAX_", "unset"))]
+
+
+@pytest.mark.parametrize("net", ["loopback", pytest.param("1gbit", marks=needs_netem)])
+def test_a_points_allocator_setting_reaches_its_ranks(net):
+    base = TrainConfig(model="small", world_size=2, threads_per_rank=1, timeout_s=60, net=net)
+    assert [r["mmap_max"] for r in run_point(dataclasses.replace(base, malloc="retain"), fn=_allocator_env)] == ["0"] * 2
+    assert [r["mmap_max"] for r in run_point(base, fn=_allocator_env)] == ["unset"] * 2
