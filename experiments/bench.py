@@ -27,9 +27,9 @@ import torch
 import torch.distributed as dist
 
 from harness.config import MODELS, PROFILES, auto_profile_backend, parse_dataclass
-from harness.env import in_place, is_writer
+from harness.env import is_writer
 from harness.errors import command_line, refusing
-from harness.launch import BACKENDS, MALLOC_ENV, RankContext, check_backend, launch, missing_malloc_env
+from harness.launch import BACKENDS, MALLOC_ENV, RankContext, check_backend, launch, check_malloc_env
 from harness.memory import PeakMeter, current_bytes
 from harness.models import input_spec, make_inputs, seeded_model
 from harness.results import git_commit, results_root, write_csv_atomic
@@ -81,10 +81,7 @@ def validate_bench(cfg: BenchConfig) -> BenchConfig:
                            ("world_size", 2, " (a comparison of DDPs)"), ("memory_iters", 1, "")):
         if getattr(cfg, name) < low:
             raise ValueError(f"{name} must be >= {low}{why}, got {getattr(cfg, name)}")
-    missing = missing_malloc_env(cfg.malloc)
-    if missing and in_place():  # ranks already started: glibc read its settings then
-        raise ValueError(f"malloc={cfg.malloc!r} under torchrun/SLURM: export "
-                         + " ".join(f"{k}={v}" for k, v in missing.items()) + " before launching")
+    check_malloc_env(cfg.malloc)
     return dataclasses.replace(cfg, profile=profile, backend=backend)
 
 

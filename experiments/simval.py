@@ -7,9 +7,10 @@ Per (model, world size, link rate): one fresh calibration probe (:mod:`simulator
 DDP, allreduce calls, compute under communication), then the DDP points it predicts are measured right after it
 (bucket caps 0 to 1000 MiB, overlap off, ``no_sync`` every n, round-robin groups k), and every point's measured
 latency is set beside its prediction; all of it ``rounds`` times, and each point's median prediction is compared
-with its median measurement. Writes ``results/simval/validation.csv`` (per round: ``validation_rounds.csv``) and
-``results/figures/simval.png`` (predicted vs measured) and prints the median and worst absolute % error per model,
-and per (model, world size, link) how the cap the simulator recommends measured against the best measured cap.
+with its median measurement. Probes and points run with glibc keeping freed memory (``malloc``, see the field).
+Writes ``results/simval/validation.csv`` (per round: ``validation_rounds.csv``) and ``results/figures/simval.png``
+(predicted vs measured) and prints the median and worst absolute % error per model, and per (model, world size,
+link) how the cap the simulator recommends measured against the best measured cap.
 Measured points are stored like a figure's (resumable); a calibration is reused when its group's points are all
 stored, so an interrupted run predicts from the probe its points were measured beside.
 """

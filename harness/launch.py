@@ -191,10 +191,13 @@ def _pool_worker(rank, world_size, backend, store_addr, timeout_s, threads, task
             dist.destroy_process_group()
 
 
-def missing_malloc_env(malloc: str) -> dict[str, str]:
-    """What this process's environment lacks of ``MALLOC_ENV[malloc]``: ranks started by torchrun/SLURM read
-    their allocator's settings from the environment they were started with, which this process cannot change."""
-    return {k: v for k, v in MALLOC_ENV[malloc].items() if os.environ.get(k) != v}
+def check_malloc_env(malloc: str) -> None:
+    """Ranks started by torchrun/SLURM read their allocator's settings from the environment they were started
+    with, which this process cannot change: refuse ``MALLOC_ENV[malloc]`` there unless it is already exported."""
+    missing = {k: v for k, v in MALLOC_ENV[malloc].items() if os.environ.get(k) != v}
+    if missing and env.in_place():
+        raise ValueError(f"malloc={malloc!r} under torchrun/SLURM: export "
+                         + " ".join(f"{k}={v}" for k, v in missing.items()) + " before launching")
 
 
 @contextlib.contextmanager

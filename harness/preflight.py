@@ -14,7 +14,7 @@ from typing import Iterable
 from harness import env, netem
 from harness.config import ConvergenceConfig, PointConfig
 from harness.data import check_dataset
-from harness.launch import check_backend, missing_malloc_env
+from harness.launch import check_backend, check_malloc_env
 
 
 def preflight(points: Iterable[PointConfig]) -> None:
@@ -30,9 +30,7 @@ def preflight(points: Iterable[PointConfig]) -> None:
             raise ValueError(f"impl='threads' with replicas={p.replicas} runs nn.DataParallel on one GPU per "
                              f"replica, but {env.cuda_devices()} are visible")
     for malloc in sorted({getattr(p, "malloc", "default") for p in points}):
-        if env.in_place() and (missing := missing_malloc_env(malloc)):  # the ranks' glibc read its settings
-            raise ValueError(f"malloc={malloc!r} under torchrun/SLURM: export "
-                             + " ".join(f"{k}={v}" for k, v in missing.items()) + " before launching")
+        check_malloc_env(malloc)
     emulated = sorted({p.net for p in points if p.net != "loopback"})
     if emulated and env.in_place():
         raise ValueError(f"net={emulated[0]!r} cannot apply under torchrun/SLURM (RANK is set): the ranks already "
