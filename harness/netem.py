@@ -202,7 +202,8 @@ class NamespacePool:
     def _start(self) -> None:
         require()
         repo = str(Path(__file__).resolve().parents[1])
-        env = {**os.environ, **self.env, "PYTHONPATH": os.pathsep.join(p for p in (repo, os.environ.get("PYTHONPATH")) if p)}
+        path = os.pathsep.join(p for p in (repo, os.environ.get("PYTHONPATH")) if p)
+        env = {**os.environ, **self.env, "PYTHONPATH": path}
         if "TORCH_CPP_LOG_LEVEL" not in env:
             # The helper hosts the rendezvous store, whose server warns that it cannot reverse-resolve its
             # clients (no DNS in the namespace). Quiet the helper only; it unsets this before spawning the ranks.

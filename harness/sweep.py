@@ -78,8 +78,8 @@ def available_memory_fraction() -> float:
 
 class _Pools(dict):
     """The ranks a sweep keeps between its points, one pool per (network, ranks, backend, timeout, threads, hosts,
-    allocator): process start, imports and process-group set-up are paid once per pool, not once per point. Closed with the
-    ``ExitStack`` given; a pool whose point failed starts fresh ranks for the next one. Idle pools hold their
+    allocator): process start, imports and process-group set-up are paid once per pool, not once per point. Closed
+    with the ``ExitStack`` given; a pool whose point failed starts fresh ranks for the next one. Idle pools hold their
     ranks' memory (big models, optimizer state), so before a new pool starts while less than ``MIN_AVAILABLE``
     of the memory is available, the others are closed. A point measuring memory gets fresh ranks (``fresh``): on
     CPU its peak is the resident set's rise over the process's size before it, and memory earlier points freed

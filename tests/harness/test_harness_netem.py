@@ -280,5 +280,6 @@ def _allocator_env(ctx, cfg):
 @pytest.mark.parametrize("net", ["loopback", pytest.param("1gbit", marks=needs_netem)])
 def test_a_points_allocator_setting_reaches_its_ranks(net):
     base = TrainConfig(model="small", world_size=2, threads_per_rank=1, timeout_s=60, net=net)
-    assert [r["mmap_max"] for r in run_point(dataclasses.replace(base, malloc="retain"), fn=_allocator_env)] == ["0"] * 2
+    retain = run_point(dataclasses.replace(base, malloc="retain"), fn=_allocator_env)
+    assert [r["mmap_max"] for r in retain] == ["0"] * 2
     assert [r["mmap_max"] for r in run_point(base, fn=_allocator_env)] == ["unset"] * 2
