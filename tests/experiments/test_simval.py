@@ -5,12 +5,21 @@ import pytest
 from experiments import simval
 
 
-def test_no_sync_points_measure_whole_cycles_after_one():
+def test_no_sync_points_measure_whole_cycles_after_two():
     cfg = simval.Config(models=("small",), nets=("1gbit",), world_sizes=(), sync_every=(2, 8), no_sync_cycles=3)
     [(probe, points)] = simval.groups(cfg)
     no_sync = {p.sync_every: (p.iters, p.warmup) for p in points if p.sync_every > 1}
-    assert no_sync == {2: (6, 2), 8: (24, 8)}
+    assert no_sync == {2: (6, 4), 8: (24, 16)}  # the first synchronized iteration and the rebuild not measured
     assert probe.iters == cfg.iters and all(p.iters == cfg.iters for p in points if p.sync_every == 1)
+
+
+def test_no_sync_latency_amortizes_the_median_of_each_kind_of_iteration():
+    # n = 4: synchronized 500, 520, 900 (a slow spell) -> median 520; skipped 300 x 8, 310 -> 300
+    synced = [True, False, False, False] * 3
+    total = [500, 300, 300, 300, 520, 300, 300, 310, 900, 300, 300, 300]
+    rows = pd.DataFrame(dict(synced=synced, total_ms=total))
+    assert simval.measured_ms(rows, 4) == pytest.approx((520 + 3 * 300) / 4)
+    assert simval.measured_ms(rows, 1) == pytest.approx(300)  # every iteration synchronized: the median
 
 
 def _row(cap, measured, predicted, net="1gbit", **kw):
