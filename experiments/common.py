@@ -56,12 +56,12 @@ class ModelSweep(Timed):
     models: tuple[str, ...] = ("resnet50", "bert-base")
 
     def train_points(self, world_size: int, **fields) -> list[TrainConfig]:
-        """One point per model and backend this machine can run at ``world_size``, the shared settings plus
-        ``fields``."""
+        """One point per model and backend this machine can run at ``world_size``, the shared settings (which
+        ``fields`` may override) plus ``fields``."""
         backends, _ = split_backends(self.backends, world_size)
         hosts = 1 if fields.get("impl") == "local" else self.hosts  # no communication, nothing between hosts
-        return [TrainConfig(model=m, backend=b, world_size=world_size, profile=self.profile, iters=self.iters,
-                            warmup=self.warmup, net=self.net, hosts=hosts, repeat=r, **fields)
+        shared = dict(profile=self.profile, iters=self.iters, warmup=self.warmup, net=self.net, hosts=hosts)
+        return [TrainConfig(model=m, backend=b, world_size=world_size, repeat=r, **{**shared, **fields})
                 for r in range(self.repeats) for m in self.models for b in backends]
 
 

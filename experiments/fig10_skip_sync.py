@@ -8,7 +8,8 @@ Per n: the average per-iteration latency (mean over all measured iterations, syn
 communication is amortized over n iterations; median over repetitions with its 95% interval), and apart from
 it the two populations it averages: synchronized iterations (communication) and skipped ones (``no_sync``,
 none). One marker group per world size, no lines drawn between measured points. ``iters`` should be a
-multiple of every n.
+multiple of every n. ``warmup`` counts cycles of n iterations: with the default 2, neither the first synchronized
+iteration (the first bucket layout) nor the next one (whose forward rebuilds the buckets) is measured, at any n.
 """
 from __future__ import annotations
 
@@ -37,13 +38,15 @@ class Config(common.ModelSweep):
 
 def points(cfg: Config) -> list[TrainConfig]:
     return [p for ws in cfg.world_sizes for n in cfg.sync_every
-            for p in cfg.train_points(ws, impl=cfg.impl, bucket_cap_mb=cfg.bucket_cap_mb, sync_every=n)]
+            for p in cfg.train_points(ws, impl=cfg.impl, bucket_cap_mb=cfg.bucket_cap_mb, sync_every=n,
+                                      warmup=cfg.warmup * n)]
 
 
 def _selected(df, cfg: Config):
     ok = common.ok_rows(df, synced_only=False, net=cfg.net, hosts=cfg.hosts)  # amortized: no_sync iterations count too
     return ok[ok["model"].isin(cfg.models) & ok["sync_every"].isin(cfg.sync_every)
-              & (ok["bucket_cap_mb"] == cfg.bucket_cap_mb)]
+              & (ok["bucket_cap_mb"] == cfg.bucket_cap_mb)
+              & (ok["warmup"] == cfg.warmup * ok["sync_every"])]  # not points stored before warmup counted cycles
 
 
 def _repeat_values(sel):

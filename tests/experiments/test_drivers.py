@@ -109,3 +109,13 @@ def test_claims_chart_gathers_every_driver(results_dir, monkeypatch, capsys):
     for figure in ("fig6", "fig7", "fig8", "fig10", "fig12"):  # the drivers with numbers, run above
         assert figure in out
     assert (results_dir / "figures" / "claims.png").stat().st_size > 0
+
+
+def test_fig10_measures_after_the_first_synchronized_iteration_and_the_rebuild_at_every_n():
+    fig10 = drivers()["fig10"]
+    cfg = fig10.Config(models=("small",), world_sizes=(2,), sync_every=(1, 2, 8), repeats=1, backends=("gloo",))
+    assert {p.sync_every: p.warmup for p in fig10.points(cfg)} == {1: 2, 2: 4, 8: 16}
+    # rows stored when warmup was not yet counted in cycles (n = 8 measured from iteration 2) are left out
+    rows = pd.DataFrame(dict(model="small", sync_every=[1, 8, 8], warmup=[2, 2, 16], bucket_cap_mb=25.0, error="",
+                             synced=True, net=cfg.net, hosts=1, impl="ours", total_ms=[1.0, 2.0, 3.0]))
+    assert list(fig10._selected(rows, cfg)["total_ms"]) == [1.0, 3.0]
