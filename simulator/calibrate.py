@@ -5,13 +5,11 @@ day, 528 ms another), so absolute predictions need compute times measured now. T
 runs through ``harness.run_point(cfg, fn=probe_rank)``, on exactly the ranks, threads and emulated link the point
 would be measured on, and measures on every rank at once (they share the cores, as in training):
 
-* compute: iterations without DDP: backward and each parameter's gradient-ready time (post-accumulate-grad
-  hooks), the order and timing DDP's buckets follow; medians over the first iterations and the compute-only
-  halves of the contention pairs, so that they span the probe; each one right after an iteration of DDP itself at
-  the point's settings (a second replica), so that compute is timed beside training as the points then run it;
-* forward and optimizer step: as those DDP iterations took them (less the buffer broadcast predictions add for
-  their link), which compute-only iterations read short (:func:`forward_as_ddp_runs_it`); kept for the record:
-  the compute-only ones, and compute alone before any DDP iteration;
+* compute: iterations without DDP: forward, backward, optimizer step, and each parameter's gradient-ready time
+  (post-accumulate-grad hooks), the order and timing DDP's buckets follow; medians over the first iterations and
+  the compute-only halves of the contention pairs, so that they span the probe; each one right after an
+  iteration of DDP itself at the point's settings (a second replica), so that compute is timed beside training as
+  the points then run it (kept for the record: DDP's own phases, and compute alone before any DDP iteration);
 * communication: allreduces of 4 KiB up to the gradient's size (at most 128 MiB) on the point's link, fitted
   to the ring alpha-beta model (:func:`fit_link`) for the cost per byte;
 * latency: backward passes that launch one allreduce per gradient, of its size, as it becomes ready (DDP's
@@ -31,7 +29,7 @@ import json
 import math
 import statistics
 import time
-from dataclasses import asdict, dataclass, field, replace
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 import numpy as np
@@ -44,10 +42,10 @@ from harness.models import compute_loss, input_spec, make_inputs, seeded_model
 from harness.results import git_commit
 from harness.runner import build_trainer, machine_metadata, timed_iteration
 
-from .comm import AlphaBeta, Fit, broadcast_ms, concurrent_calls, fit_ring
+from .comm import AlphaBeta, Fit, concurrent_calls, fit_ring
 from .iteration import ComputeProfile, buckets_for, simulate
 
-VERSION = 9  # 9: forward and optimizer step from DDP's own iterations; 8: compute timed right after DDP iterations;
+VERSION = 8  # 8: compute timed right after DDP iterations;
 #              7: compute from the first iterations and the pairs' compute-only halves, spread over the probe;
 #              6: alpha from per-gradient calls in backward, contention from interleaved pairs; 5: warm streams;
 #              4: alpha from a stream of calls;
@@ -73,8 +71,8 @@ class Calibration:
     point: dict  # the probed point's config columns, plus the network rate and the backend ("process_group") used
     fit: dict  # the alpha-beta fit's quality: r2, median/worst % error, samples
     meta: dict  # version, time, machine, git commit: what a prediction says it used
-    # slowest rank's medians: DDP's own phases beside the probe (its forward and optimizer step are the profile's);
-    # for the record: compute alone before any DDP iteration, and the compute-only forward and step after them
+    # for the record, not used by predictions (slowest rank's medians): DDP's own phases beside the probe, and
+    # compute alone before any DDP iteration
     ddp: dict = field(default_factory=dict)
     rest: dict = field(default_factory=dict)
 
@@ -264,17 +262,6 @@ def latency_from_calls(profile: ComputeProfile, done_ms: float, world_size: int,
     return (lo + hi) / 2
 
 
-def forward_as_ddp_runs_it(profile: ComputeProfile, ddp: dict, broadcast: float) -> ComputeProfile:
-    """The forward and the optimizer step as DDP's own iterations at the probed point took them (``ddp``), less the
-    ``broadcast`` of buffers that predictions add for their own link. Compute-only iterations beside them read both
-    short by more than any modeled cost: ResNet50 at 4 Gbit/s forward 82-86 ms alone, 91-107 ms in DDP's (the
-    broadcast is ~2 ms), optimizer step 16-20 vs 19-22 ms. The backward stays compute-only: the simulation adds
-    what DDP does there."""
-    if not ddp:
-        return profile
-    return replace(profile, forward_ms=max(0.0, ddp["forward_ms"] - broadcast), optimizer_ms=ddp["optimizer_ms"])
-
-
 def calibrate(cfg: TrainConfig) -> Calibration:
     """Probe ``cfg``'s ranks and network now (its ``iters``/``warmup`` set the compute iterations)."""
     rows = run_point(cfg, fn=probe_rank)
@@ -296,16 +283,13 @@ def calibrate(cfg: TrainConfig) -> Calibration:
         alpha = latency_from_calls(profile, _median(r["calls_done_ms"] for r in rows), cfg.world_size,
                                    concurrent_calls(rows[0]["backend"]), beta)
         fit = fit_link(samples, alpha_ms=alpha)
-    comm = fit.model if fit else AlphaBeta(0.0, 0.0)
-    buffer_bytes = int(rows[0]["buffer_bytes"])
-    ddp = {k: max(r["ddp"][k] for r in rows) for k in rows[0]["ddp"]}
-    rest = {**{k: max(r["rest"][k] for r in rows) for k in rows[0]["rest"]},
-            "forward_after_ddp_ms": profile.forward_ms, "optimizer_after_ddp_ms": profile.optimizer_ms}
-    profile = forward_as_ddp_runs_it(profile, ddp, broadcast_ms(comm, buffer_bytes, cfg.world_size))
     point = {**config_columns(cfg), "net_rate_mbit": rows[0].get("net_rate_mbit"), "process_group": rows[0]["backend"]}
     now = datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")
     meta = dict(version=VERSION, created_at=now, git_commit=git_commit(), **machine_metadata())
     quality = {} if fit is None else dict(r2=fit.r2, median_abs_pct_error=fit.median_abs_pct_error,
                                           worst_abs_pct_error=fit.worst_abs_pct_error, samples=fit.n)
-    return Calibration(profile=profile, comm=comm, copy_ms_per_byte=_median(r["copy_ms_per_byte"] for r in rows),
-                       buffer_bytes=buffer_bytes, point=point, fit=quality, meta=meta, ddp=ddp, rest=rest)
+    return Calibration(profile=profile, comm=fit.model if fit else AlphaBeta(0.0, 0.0),
+                       copy_ms_per_byte=_median(r["copy_ms_per_byte"] for r in rows),
+                       buffer_bytes=int(rows[0]["buffer_bytes"]), point=point, fit=quality, meta=meta,
+                       ddp={k: max(r["ddp"][k] for r in rows) for k in rows[0]["ddp"]},
+                       rest={k: max(r["rest"][k] for r in rows) for k in rows[0]["rest"]})

@@ -20,12 +20,6 @@ def concurrent_calls(backend: str) -> int:
     return 2 if backend == "gloo" else 1
 
 
-def broadcast_ms(comm: "CommModel", nbytes: int, world_size: int) -> float:
-    """One broadcast of ``nbytes`` (DDP's buffers before every forward): half a ring allreduce, each chunk sent once
-    around the ring instead of twice."""
-    return comm.allreduce_ms(nbytes, world_size) / 2 if nbytes else 0.0
-
-
 class CommModel(Protocol):
     """What the simulator needs: a cost affine in ``nbytes`` (its value at 0 bytes is the call's latency)."""
 

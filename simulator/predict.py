@@ -10,7 +10,7 @@ import itertools
 from dataclasses import dataclass, replace
 
 from .calibrate import Calibration
-from .comm import CommModel, broadcast_ms, concurrent_calls
+from .comm import CommModel, concurrent_calls
 from .iteration import ComputeProfile, Prediction, buckets_for, simulate
 
 
@@ -41,9 +41,9 @@ def predict(cal: Calibration, scenario: Scenario, comm: CommModel | None = None)
     comm = comm or cal.comm
     world_size = int(cal.point["world_size"])
     profile = with_bucket_copies(cal.profile, cal.copy_ms_per_byte)
-    broadcast = broadcast_ms(comm, cal.buffer_bytes, world_size)
+    broadcast_ms = comm.allreduce_ms(cal.buffer_bytes, world_size) / 2 if cal.buffer_bytes else 0.0
     copy_out_ms = sum(profile.param_bytes) * cal.copy_ms_per_byte
-    profile = replace(profile, forward_ms=profile.forward_ms + broadcast)
+    profile = replace(profile, forward_ms=profile.forward_ms + broadcast_ms)
     buckets = buckets_for(profile, scenario.bucket_cap_mb)
     backend = cal.point.get("process_group") or cal.point["backend"]  # a probe's concrete backend, or a cluster's
     sim: Prediction = simulate(profile, buckets, comm, world_size, overlap=scenario.overlap,
@@ -54,6 +54,6 @@ def predict(cal: Calibration, scenario: Scenario, comm: CommModel | None = None)
     return dict(predicted_ms=(synced + (n - 1) * local) / n, synced_ms=synced, local_ms=local,
                 forward_ms=sim.forward_ms, backward_ms=sim.backward_ms + copy_out_ms, optimizer_ms=sim.optimizer_ms,
                 backward_compute_ms=cal.profile.backward_ms, exposed_comm_ms=sim.exposed_comm_ms + copy_out_ms,
-                comm_ms=sim.comm_ms, buffer_broadcast_ms=broadcast, num_buckets=len(buckets),
+                comm_ms=sim.comm_ms, buffer_broadcast_ms=broadcast_ms, num_buckets=len(buckets),
                 bucket_bytes=[b.nbytes for b in buckets], bucket_ready_ms=list(sim.ready_ms),
                 bucket_done_ms=list(sim.done_ms))
