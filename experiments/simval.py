@@ -1,6 +1,6 @@
 """Validate the simulator here: predictions against measurements that were not used to calibrate it.
 
-    make simval                                       both models, link rates x world sizes, 2 rounds (~60 min)
+    make simval                                       both models, link rates x world sizes, 2 rounds (~70 min)
     python -m experiments.simval --models=resnet50 --nets=1gbit --world_sizes=2
 
 Per (model, world size, link rate): one fresh calibration probe (:mod:`simulator.calibrate`: compute without
