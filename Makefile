@@ -54,7 +54,7 @@ claims: setup
 bench: setup
 	$(PY) -m experiments.bench $(ARGS)
 
-# The simulator's predictions against fresh measurements (results/simval/, results/figures/simval.png; 2 rounds, ~70 min).
+# The simulator's predictions against fresh measurements (results/simval/, results/figures/simval.png; 3 rounds, ~105 min).
 simval: setup
 	$(PY) -m experiments.simval $(ARGS)
 

@@ -1,6 +1,6 @@
 """Validate the simulator here: predictions against measurements that were not used to calibrate it.
 
-    make simval                                       both models, link rates x world sizes, 2 rounds (~70 min)
+    make simval                                       both models, link rates x world sizes, 3 rounds (~105 min)
     python -m experiments.simval --models=resnet50 --nets=1gbit --world_sizes=2
 
 Per (model, world size, link rate): one fresh calibration probe (:mod:`simulator.calibrate`: compute without
@@ -48,7 +48,9 @@ class Config:
     iters: int = 4  # measured iterations per point (and the probe's compute iterations)
     warmup: int = 1
     no_sync_cycles: int = 3  # a no_sync point measures this many cycles of n iterations, after two
-    rounds: int = 2  # the whole grid again, each round with probes of its own (the host drifts within minutes)
+    # the whole grid again, each round with probes of its own (the host drifts within minutes); a point's median
+    # over three rounds is not moved by one round's slow spell, as the mean of two was (1 and 5 MiB +25% in one)
+    rounds: int = 3
     # glibc's allocator in the ranks, probes and points alike (harness.launch.MALLOC_ENV): with its defaults, how
     # many pages a backward faults in depends on the heap's history (BERT-base: 0 to 130k, backward 410-650 ms),
     # which differs between a probe's process and the points'; "retain" keeps freed memory, as CUDA's allocator does
