@@ -89,3 +89,15 @@ def test_link_fit_takes_the_rate_from_large_calls_despite_a_burst():
     fit = fit_link(burst)
     assert fit.model.beta_ms_per_byte == pytest.approx(1.6e-5, rel=0.02)
     assert fit_ring(burst).model.beta_ms_per_byte < 0.9 * 1.6e-5  # what a relative fit made of it
+
+
+def test_contention_is_the_slowest_ranks_per_pair():
+    from simulator.calibrate import slowest_rank_contention
+
+    # two ranks, three (alone, under) pairs: the rank that slows most changes between pairs, as on shared cores
+    rank0 = [(100.0, 170.0), (100.0, 124.0), (110.0, 176.0)]
+    rank1 = [(105.0, 126.0), (100.0, 171.0), (100.0, 120.0)]
+    # per pair: 170/105, 171/100, 176/110 -> 0.619, 0.71, 0.6; the ranks' own medians would have read ~0.4
+    assert slowest_rank_contention([rank0, rank1]) == pytest.approx(170 / 105 - 1)
+    assert slowest_rank_contention([[(100.0, 90.0)]]) == 0.0  # faster under communication: no contention
+    assert slowest_rank_contention([[], []]) == 0.0  # one rank: no pairs
