@@ -195,7 +195,7 @@ def probe_rank(ctx, cfg: TrainConfig) -> list[dict]:
         del buf
     comm = fit_link(samples).model if ctx.world_size > 1 else AlphaBeta(0.0, 0.0)
 
-    calls_done, contention, comm_contention = math.nan, [], 0.0
+    calls_done, contention_pairs, comm_contention = math.nan, [], 0.0
     if ctx.world_size > 1:
         # What a call costs where DDP pays it: inside backward, one per gradient as it becomes ready, carrying
         # the gradient's bytes, while the ranks' compute threads hold the cores. Small calls alone (between
@@ -211,7 +211,7 @@ def probe_rank(ctx, cfg: TrainConfig) -> list[dict]:
         dist.all_reduce(size, op=dist.ReduceOp.MAX, group=ctx.group)
         cover = torch.zeros(int(size.item()) // 4, dtype=torch.float32, device=ctx.device)
         pairs = [(after_ddp(), iteration(cover)) for _ in range(CONTENTION_PAIRS)]
-        contention = [(alone["backward"], under["backward"]) for alone, under in pairs]
+        contention_pairs = [(alone["backward"], under["backward"]) for alone, under in pairs]
         # The allreduce ran over the whole backward; the time it took beyond its cost alone is what its bytes
         # lost while compute ran: a share x of the backward means they moved at rate 1 - x there.
         alone_ms = comm.allreduce_ms(cover.numel() * 4, ctx.world_size)
@@ -234,8 +234,9 @@ def probe_rank(ctx, cfg: TrainConfig) -> list[dict]:
         ctx.synchronize()
         copy_ms.append((time.perf_counter() - t0) * 1e3)
     return [dict(rank=ctx.rank, backend=ctx.backend, forward_ms=forward, backward_ms=backward, optimizer_ms=opt,
-                 ready_ms=ready, param_bytes=[p.numel() * p.element_size() for p in params], contention=contention,
-                 comm_contention=comm_contention, calls_done_ms=calls_done, comm_samples=samples,
+                 ready_ms=ready, param_bytes=[p.numel() * p.element_size() for p in params],
+                 contention_pairs=contention_pairs, comm_contention=comm_contention, calls_done_ms=calls_done,
+                 comm_samples=samples,
                  copy_ms_per_byte=_median(copy_ms[1:]) / (grads.numel() * grads.itemsize),
                  buffer_bytes=sum(b.numel() * b.element_size() for b in model.buffers()),
                  # DDP's first iteration runs on the first bucket layout, the second rebuilds it in its forward
@@ -269,7 +270,9 @@ def slowest_rank_contention(pairs_by_rank) -> float:
     sharing cores do not slow alike (ResNet50, 2 ranks, 4 Gbit/s: 0.71 on one rank, 0.24 on the other), and DDP
     waits for the slowest, as the profile's ready times already do; the ranks' median read 0.35-0.60 there."""
     pairs = list(zip(*pairs_by_rank))  # per pair: each rank's (alone, under)
-    return max(0.0, _median(max(u for _, u in pair) / max(a for a, _ in pair) - 1 for pair in pairs)) if pairs else 0.0
+    if not pairs:
+        return 0.0
+    return max(0.0, _median(max(u for _, u in pair) / max(a for a, _ in pair) - 1 for pair in pairs))
 
 
 def calibrate(cfg: TrainConfig) -> Calibration:
@@ -284,7 +287,7 @@ def calibrate(cfg: TrainConfig) -> Calibration:
                              ready_ms=tuple(min(r, backward) for r in ready),
                              forward_ms=max(r["forward_ms"] for r in rows),
                              optimizer_ms=max(r["optimizer_ms"] for r in rows),
-                             contention=slowest_rank_contention([r["contention"] for r in rows]),
+                             contention=slowest_rank_contention([r["contention_pairs"] for r in rows]),
                              comm_contention=_median(r["comm_contention"] for r in rows))
     samples = [tuple(s) for s in rows[0]["comm_samples"]]
     fit = None
