@@ -9,14 +9,17 @@ calls of k parameters each. Fewer, larger calls should be much faster; and the t
 same order as the model's backward pass (measured on one rank without DDP), which is why overlapping the two
 pays. The dashed line in each panel is that backward compute time; with ``net=auto`` the dotted line is the
 backward (all ranks computing at once) that set the emulated link's rate, at which one allreduce of the whole
-gradient takes exactly that long.
+gradient takes exactly that long. The thin dotted lines are the ring alpha-beta model fitted to the measured calls
+(:func:`ring_fits`, the simulator's cost model; its fit is printed by the summary).
 """
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 from experiments import common, verdicts
 from harness import AllreduceConfig, TrainConfig
+from harness.collectives import BYTES_PER_PARAM
 
 FIGURE = "fig2"
 PAPER = {
@@ -60,11 +63,26 @@ def _split(df, cfg: Config):
     return comm, compute
 
 
+def ring_fits(comm) -> dict:
+    """Per backend, the ring alpha-beta model (``simulator.comm.fit_ring``) fitted to every (world size, call size)
+    median cost per call: the per-step latency and the link bandwidth the sequential calls of this figure imply."""
+    from simulator.comm import fit_ring
+
+    fits = {}
+    for backend, sel in comm.groupby("backend"):
+        calls = sel.groupby(["world_size", "params_per_call"])["call_ms"].median()
+        samples = [(n, k * BYTES_PER_PARAM, ms) for (n, k), ms in calls.items() if n > 1]
+        if len({nbytes for _, nbytes, _ in samples}) >= 2:
+            fits[backend] = fit_ring(samples)
+    return fits
+
+
 def plot(df, cfg: Config):
     comm, compute = _split(df, cfg)
     unavailable = common.missing_backends(comm, cfg.backends, max(cfg.world_sizes))
     backends = common.shown_backends(cfg.backends, unavailable)
     fig, axes = common.grid([""], backends, width=6.5)  # wide enough for the legend beside the falling curve
+    fits = ring_fits(comm)
     for c, backend in enumerate(backends):
         ax = axes[0][c]
         sel = comm[comm["backend"] == backend]
@@ -73,6 +91,13 @@ def plot(df, cfg: Config):
             continue
         common.median_lines(ax, sel, "params_per_call", "total_ms", "world_size", label=lambda n: f"{n} ranks")
         common.repeat_markers(ax, sel, ["world_size", "params_per_call"], "params_per_call")
+        if backend in fits:  # the fitted model's total time for the same calls
+            ks = sorted(sel["params_per_call"].unique())
+            for i, n in enumerate(sorted(sel["world_size"].unique())):
+                model = fits[backend].model
+                total = [math.ceil(cfg.total_params / k) * model.allreduce_ms(int(k) * BYTES_PER_PARAM, n) for k in ks]
+                ax.plot(ks, total, ":", lw=1, color="0.3", label=None if i else (
+                    f"ring fit: {model.alpha_ms * 1e3:.0f} us/step, {model.busbw_gbit:.2f} Gbit/s"))
         device = "GPU" if backend == "nccl" else "CPU"
         bwd = compute[compute["device_name"].ne("cpu") == (backend == "nccl")]["backward_compute_ms"]
         if not bwd.empty:
@@ -106,6 +131,10 @@ def summarize(df, cfg: Config) -> str:
         lines.append(f"{backend}, {n} ranks: {verdicts.spread(per_repeat.xs(small)).fmt()} in calls of {small:,} "
                      f"params vs {verdicts.spread(per_repeat.xs(large)).fmt()} in calls of {large:,} "
                      f"({verdicts.spread(ratio).fmt('x', 1)}); busbw {bus[small]:.2f} -> {bus[large]:.2f} GB/s")
+    for backend, fit in ring_fits(comm).items():
+        lines.append(f"{backend} ring alpha-beta fit (simulator.comm): alpha {fit.model.alpha_ms * 1e3:.0f} us per "
+                     f"step, {fit.model.busbw_gbit:.2f} Gbit/s per link; R^2 {fit.r2:.3f}, error median "
+                     f"{fit.median_abs_pct_error:.0f}% / worst {fit.worst_abs_pct_error:.0f}% over {fit.n} call sizes")
     if not compute.empty:
         bwd = verdicts.repeat_medians(compute, ["model"], "backward_compute_ms").xs(cfg.compute_model)
         lines.append(f"{cfg.compute_model} backward compute (1 rank): {verdicts.spread(bwd).fmt()}")

@@ -6,8 +6,10 @@
     python -m experiments predict --cluster=paper-v100 --world_size=256 --backend=nccl --model=bert-base
 
 Any point option of the figure drivers (``TrainConfig``) is accepted. Without ``--calibration`` a short probe
-(:mod:`simulator.calibrate`, well under a minute) measures this machine now, on the point's own ranks and
-network, and is stored under ``results/calibration/`` for reuse; the prediction names the calibration it used.
+(:mod:`simulator.calibrate`) measures this machine now, on the point's own ranks and network, and is stored under
+``results/calibration/`` for reuse; the prediction names the calibration it used. The probe takes 20-45 s for
+ResNet50 at 2-4 ranks and 50-120 s for BERT-base (most of it DDP's own iterations at the point's settings, seconds
+each on a slow link or at 4 ranks; ``make simval``'s probes, 2026-11-26).
 ``--cluster=NAME`` predicts for a named GPU cluster instead (:mod:`simulator.clusters`: its numbers and their
 sources; paper-profile batches, ``--net`` and ``--profile`` do not apply, ``--backend=auto`` means NCCL).
 """

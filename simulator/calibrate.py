@@ -1,9 +1,10 @@
 """Calibrate the simulator on this machine as it is now: a short probe on a point's own ranks and network.
 
 Why a probe instead of stored sweeps: this host's speed drifts between days (the same fig7 point took 386 ms one
-day, 528 ms another), so absolute predictions need compute times measured now. The probe (well under a minute)
-runs through ``harness.run_point(cfg, fn=probe_rank)``, on exactly the ranks, threads and emulated link the point
-would be measured on, and measures on every rank at once (they share the cores, as in training):
+day, 528 ms another), so absolute predictions need compute times measured now. The probe (20-45 s for ResNet50,
+50-120 s for BERT-base) runs through ``harness.run_point(cfg, fn=probe_rank)``, on exactly the ranks, threads and
+emulated link the point would be measured on, and measures on every rank at once (they share the cores, as in
+training):
 
 * compute: iterations without DDP: forward, backward, optimizer step, and each parameter's gradient-ready time
   (post-accumulate-grad hooks), the order and timing DDP's buckets follow; medians over the first iterations and

@@ -49,3 +49,42 @@ def test_rounds_combine_into_median_prediction_over_median_measurement():
     assert out.loc[5, "error_pct"] == pytest.approx((99 / 110 - 1) * 100)  # not the mean of per-round errors
     assert out.loc[25, "error_pct"] == pytest.approx(10.0)
     assert out.loc[5, "regret"] == pytest.approx(1.1)
+
+
+def test_confirm_measures_a_mismatched_recommendation_beside_the_best_side_by_side(monkeypatch, tmp_path):
+    """Only the scenario whose recommendation is not the best measured cap is measured again; its verdict is the
+    median over repetitions of the paired ratio, not the grid's biased one."""
+    from harness.config import point_id, validate
+
+    swept = []
+
+    def fake_sweep(experiment, points, root=None):
+        swept.extend(points)
+        rows = []
+        for p in points:  # per repetition one task; the host drifts between repetitions, 5 MiB is 1 % slower
+            drift = 1 + 0.1 * (p.repeat - simval.CONFIRM_REPEAT)
+            group = f"task{p.repeat}"
+            ms = 1000 * drift * (1.01 if p.bucket_cap_mb == 5 else 1.0)
+            rows += [dict(point_id=point_id(validate(p)), error="", synced=True, bucket_cap_mb=p.bucket_cap_mb,
+                          repeat=p.repeat, group=group, total_ms=ms + k) for k in range(p.iters)]
+        return pd.DataFrame(rows)
+
+    monkeypatch.setattr(simval, "run_sweep", fake_sweep)
+    cfg = simval.Config(models=("resnet50",), nets=("1gbit", "2gbit"), world_sizes=(), confirm_repeats=3,
+                        confirm_iters=4)
+    table = pd.DataFrame([dict(model="resnet50", world_size=2, net="1gbit", recommended_mb=5.0, best_measured_mb=1.0,
+                               recommended_over_best=1.05, default_over_best=1.1),
+                          dict(model="resnet50", world_size=2, net="2gbit", recommended_mb=5.0, best_measured_mb=5.0,
+                               recommended_over_best=1.0, default_over_best=1.1)])
+    out = simval.confirm(cfg, table, root=tmp_path).set_index("net")
+    assert {(p.net, p.bucket_cap_mb, p.iters) for p in swept} == {("1gbit", 5.0, 4), ("1gbit", 1.0, 4)}
+    assert len(swept) == 6
+    assert out.loc["1gbit", "confirmed_over_best"] == pytest.approx(1.01, abs=1e-3)
+    assert out.loc["1gbit", "within_goal"] and out.loc["2gbit", "within_goal"]
+    assert pd.isna(out.loc["2gbit", "confirmed_over_best"])
+    assert pd.read_csv(tmp_path / "simval" / "tuning.csv")["within_goal"].all()
+    # no confirmation: the grid's ratio decides
+    monkeypatch.setattr(simval, "run_sweep", None)
+    plain = simval.confirm(simval.Config(models=("resnet50",), nets=("1gbit",), world_sizes=(), confirm_repeats=0),
+                           table, root=tmp_path).set_index("net")
+    assert not plain.loc["1gbit", "within_goal"]
