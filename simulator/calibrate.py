@@ -46,8 +46,7 @@ from harness.runner import build_trainer, machine_metadata, timed_iteration
 from .comm import AlphaBeta, Fit, concurrent_calls, fit_ring
 from .iteration import ComputeProfile, buckets_for, simulate
 
-VERSION = 11  # 11: a call's latency runs alongside its own bytes (Calibration.latency_overlaps_bytes);
-#               10: contention from the slowest rank of each pair (8 took the ranks' median; 9 was reverted);
+VERSION = 10  # 10: contention from the slowest rank of each pair (8 took the ranks' median; 9 was reverted);
 #               8: compute timed right after DDP iterations;
 #               7: compute from the first iterations and the pairs' compute-only halves, spread over the probe;
 #               6: alpha from per-gradient calls in backward, contention from interleaved pairs; 5: warm streams;
@@ -78,10 +77,6 @@ class Calibration:
     # compute alone before any DDP iteration
     ddp: dict = field(default_factory=dict)
     rest: dict = field(default_factory=dict)
-    # a call's latency and its bytes run at once in the simulator (simulator.iteration): a probe's calibration,
-    # where the sum overpriced buckets of ~1 MiB (version 10: +3.9% and +5.6% where 5 MiB read -1.0..+0.7%); not a
-    # named cluster's, whose NCCL ring cost is the published sum
-    latency_overlaps_bytes: bool = False
 
     def save(self, path: str | Path) -> Path:
         path = Path(path)
@@ -251,7 +246,7 @@ def probe_rank(ctx, cfg: TrainConfig) -> list[dict]:
 
 
 def latency_from_calls(profile: ComputeProfile, done_ms: float, world_size: int, concurrent: int = 1,
-                       beta_ms_per_byte: float = 0.0, latency_overlaps_bytes: bool = False) -> float:
+                       beta_ms_per_byte: float = 0.0) -> float:
     """The per-step latency alpha with which the simulator reproduces ``done_ms``: when the last of one
     allreduce per gradient (its size, at ``beta_ms_per_byte``), each launched as its gradient became ready,
     completed. 0 if the bytes alone already take that long."""
@@ -259,8 +254,7 @@ def latency_from_calls(profile: ComputeProfile, done_ms: float, world_size: int,
 
     def last_done(alpha_ms: float) -> float:
         comm = AlphaBeta(alpha_ms, beta_ms_per_byte)
-        return max(simulate(profile, buckets, comm, world_size, concurrent=concurrent,
-                            latency_overlaps_bytes=latency_overlaps_bytes).done_ms)
+        return max(simulate(profile, buckets, comm, world_size, concurrent=concurrent).done_ms)
 
     if world_size < 2 or last_done(0.0) >= done_ms:
         return 0.0
@@ -297,20 +291,19 @@ def calibrate(cfg: TrainConfig) -> Calibration:
                              contention=slowest_rank_contention([r["contention_pairs"] for r in rows]),
                              comm_contention=_median(r["comm_contention"] for r in rows))
     samples = [tuple(s) for s in rows[0]["comm_samples"]]
-    fit, calls_done = None, _median(r["calls_done_ms"] for r in rows)
+    fit = None
     if cfg.world_size > 1:  # the bytes' cost from the link's calls, the per-call cost from the calls in backward
         beta = fit_link(samples).model.beta_ms_per_byte
-        alpha = latency_from_calls(profile, calls_done, cfg.world_size, concurrent_calls(rows[0]["backend"]), beta,
-                                   latency_overlaps_bytes=True)
+        alpha = latency_from_calls(profile, _median(r["calls_done_ms"] for r in rows), cfg.world_size,
+                                   concurrent_calls(rows[0]["backend"]), beta)
         fit = fit_link(samples, alpha_ms=alpha)
     point = {**config_columns(cfg), "net_rate_mbit": rows[0].get("net_rate_mbit"), "process_group": rows[0]["backend"]}
     now = datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")
     meta = dict(version=VERSION, created_at=now, git_commit=git_commit(), **machine_metadata())
     quality = {} if fit is None else dict(r2=fit.r2, median_abs_pct_error=fit.median_abs_pct_error,
-                                          worst_abs_pct_error=fit.worst_abs_pct_error, samples=fit.n,
-                                          calls_done_ms=calls_done)  # what alpha reproduces: kept to re-derive it
+                                          worst_abs_pct_error=fit.worst_abs_pct_error, samples=fit.n)
     return Calibration(profile=profile, comm=fit.model if fit else AlphaBeta(0.0, 0.0),
                        copy_ms_per_byte=_median(r["copy_ms_per_byte"] for r in rows),
                        buffer_bytes=int(rows[0]["buffer_bytes"]), point=point, fit=quality, meta=meta,
                        ddp={k: max(r["ddp"][k] for r in rows) for k in rows[0]["ddp"]},
-                       rest={k: max(r["rest"][k] for r in rows) for k in rows[0]["rest"]}, latency_overlaps_bytes=True)
+                       rest={k: max(r["rest"][k] for r in rows) for k in rows[0]["rest"]})

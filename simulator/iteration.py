@@ -5,12 +5,9 @@ bytes, as compute and communication share the host's cores; a call waiting out i
 is ready with its last gradient and launches in index order (DDP's rule: every rank must issue the same
 allreduces in the same order); bucket b goes to process group b % groups (round-robin process groups), whose
 calls run in launch order, up to ``concurrent`` at a time (Gloo's process group runs 2 worker threads, so two
-calls overlap; NCCL's one stream runs one). A call's latency (the ``alpha`` terms, the cost at 0 bytes) holds no
-bandwidth; calls moving bytes at the same time share the link equally (processor sharing), so parallel calls hide
-latency but not bandwidth. By default a call first spends its latency, then moves its bytes (the ring model's sum,
-as published for NCCL); with ``latency_overlaps_bytes`` the two run at once and the call ends when both are done
-(calibrated CPU links: there the latency is mostly the communication threads waiting for a core, which the bytes
-already in the kernel's socket buffers and the link's queue do not wait for).
+calls overlap; NCCL's one stream runs one). A call first spends its latency (the ``alpha`` terms, the cost at
+0 bytes), which holds no bandwidth, then moves its bytes; calls moving bytes at the same time share the link
+equally (processor sharing), so parallel calls hide latency but not bandwidth.
 """
 from __future__ import annotations
 
@@ -101,7 +98,7 @@ class Prediction:
 
 
 def _backward(p: ComputeProfile, buckets, comm: CommModel, world_size: int, overlap: bool, groups: int,
-              concurrent: int = 1, latency_overlaps_bytes: bool = False):
+              concurrent: int = 1):
     """Event loop over one synchronized backward: per-bucket ready/launch/start/done times and compute end."""
     n = len(buckets)
     needs = [max((p.ready_ms[i] for i in b.param_indices), default=0.0) for b in buckets]
@@ -134,11 +131,10 @@ def _backward(p: ComputeProfile, buckets, comm: CommModel, world_size: int, over
                     running[(g, k)] = [b, latency, work[b]]
         if compute_end is not None and not running:
             return ready, launch, start, done, compute_end
-        moving = [job for job in running.values() if (job[2] > EPS if latency_overlaps_bytes else job[1] <= 0)]
-        sharing = len(moving)  # calls moving bytes
+        sharing = sum(1 for job in running.values() if job[1] <= 0)  # calls moving bytes
         rate = 1.0 / (1.0 + p.contention) if sharing else 1.0  # a call waiting out its latency costs no CPU
         slow = 1.0 + p.comm_contention if compute_end is None else 1.0  # bytes move slower while compute runs
-        steps = [job[1] for job in running.values() if job[1] > 0] + [job[2] * sharing * slow for job in moving]
+        steps = [job[1] if job[1] > 0 else job[2] * sharing * slow for job in running.values()]
         if compute_end is None:
             target = min([needs[b] for b in range(n) if ready[b] is None] + [p.backward_ms])
             steps.append((target - progress) / rate)
@@ -149,22 +145,21 @@ def _backward(p: ComputeProfile, buckets, comm: CommModel, world_size: int, over
         for job in running.values():
             if job[1] > 0:
                 job[1] = 0.0 if job[1] - dt <= EPS else job[1] - dt
-        for job in moving:
-            job[2] -= dt / sharing / slow
+            else:
+                job[2] -= dt / sharing / slow
 
 
 def simulate(profile: ComputeProfile, buckets: list[Bucket], comm: CommModel, world_size: int, *,
-             overlap: bool = True, groups: int = 1, sync_every: int = 1, concurrent: int = 1,
-             latency_overlaps_bytes: bool = False) -> Prediction:
+             overlap: bool = True, groups: int = 1, sync_every: int = 1, concurrent: int = 1) -> Prediction:
     """Predict an iteration: ``overlap=False`` launches every bucket when backward ends; ``groups`` round-robin
     process groups, each running up to ``concurrent`` calls at once; ``sync_every = n`` averages n-1 local
     iterations (no communication, no optimizer step, as the runner accumulates gradients) with one synchronized
-    iteration; ``latency_overlaps_bytes``: a call's latency and its bytes run at once (module docstring)."""
+    iteration."""
     if world_size < 1 or groups < 1 or sync_every < 1 or concurrent < 1:
         raise ValueError(f"need world_size, groups, sync_every, concurrent >= 1, got {world_size}, {groups}, "
                          f"{sync_every}, {concurrent}")
     ready, launch, start, done, compute_end = _backward(profile, buckets, comm, world_size, overlap, groups,
-                                                        concurrent, latency_overlaps_bytes)
+                                                        concurrent)
     backward = max([compute_end, *done])
     p = profile
     synced = p.forward_ms + backward + p.optimizer_ms + p.other_ms

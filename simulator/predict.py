@@ -47,8 +47,7 @@ def predict(cal: Calibration, scenario: Scenario, comm: CommModel | None = None)
     buckets = buckets_for(profile, scenario.bucket_cap_mb)
     backend = cal.point.get("process_group") or cal.point["backend"]  # a probe's concrete backend, or a cluster's
     sim: Prediction = simulate(profile, buckets, comm, world_size, overlap=scenario.overlap,
-                               groups=scenario.round_robin_groups, concurrent=concurrent_calls(backend),
-                               latency_overlaps_bytes=cal.latency_overlaps_bytes)
+                               groups=scenario.round_robin_groups, concurrent=concurrent_calls(backend))
     n = scenario.sync_every
     synced = sim.synced_ms + copy_out_ms
     local = profile.forward_ms + cal.profile.backward_ms + profile.other_ms  # no_sync: no bucket copies

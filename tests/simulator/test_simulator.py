@@ -93,26 +93,6 @@ def test_overlap_on_vs_off():
     assert on.as_dict()["done_ms"] == pytest.approx([9.0, 15.0])
 
 
-def test_latency_overlapping_bytes_ends_a_call_when_both_are_done():
-    # a probe's calibration: a call's latency (1 ms) and its bytes (4 ms) run at once, so a call takes 4 ms
-    on = simulate(TWO, buckets_for(TWO, 0), COMM, 2, latency_overlaps_bytes=True)
-    assert on.done_ms == pytest.approx((8.0, 14.0))  # b0 4..8, b1 10..14 (the sum: 9 and 15)
-    assert on.total_ms == pytest.approx(21.0)  # 5 + 14 + 2
-    # latency longer than the bytes: alpha 3 -> 2*3 = 6 ms of latency against 4 of bytes: b0 4..10, b1 10..16
-    slow = simulate(TWO, buckets_for(TWO, 0), AlphaBeta(3.0, 0.01), 2, latency_overlaps_bytes=True)
-    assert slow.done_ms == pytest.approx((10.0, 16.0))
-    # contention slows compute only while bytes move: p1's call (4..8) moves bytes from the start, so with
-    # contention 1 backward's last 6 ms run at half rate from 4 to 8 (2 ms done), then 4 ms at full rate: ready 12
-    prof = ComputeProfile((400, 400), ready_ms=(10.0, 4.0), backward_ms=10.0, forward_ms=5.0, optimizer_ms=2.0,
-                          contention=1.0)
-    both = simulate(prof, buckets_for(prof, 0), COMM, 2, latency_overlaps_bytes=True)
-    assert both.ready_ms == pytest.approx((4.0, 12.0))
-    assert both.done_ms == pytest.approx((8.0, 16.0))
-    # the sum instead: latency 4..5 at full rate (progress 5), bytes 5..9 at half rate (progress 7), the last 3 ms
-    # at full rate: p0 ready at 12 as well, but b0 done at 9 and b1 at 17
-    assert simulate(prof, buckets_for(prof, 0), COMM, 2).done_ms == pytest.approx((9.0, 17.0))
-
-
 def test_cap_zero_vs_one_big_bucket():
     one = buckets_for(TWO, 100)  # 100 MB cap: one 800-byte bucket
     assert [b.param_indices for b in one] == [(1, 0)] and one[0].nbytes == 800
