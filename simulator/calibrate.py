@@ -291,17 +291,17 @@ def calibrate(cfg: TrainConfig) -> Calibration:
                              contention=slowest_rank_contention([r["contention_pairs"] for r in rows]),
                              comm_contention=_median(r["comm_contention"] for r in rows))
     samples = [tuple(s) for s in rows[0]["comm_samples"]]
-    fit = None
+    fit, calls_done = None, _median(r["calls_done_ms"] for r in rows)
     if cfg.world_size > 1:  # the bytes' cost from the link's calls, the per-call cost from the calls in backward
         beta = fit_link(samples).model.beta_ms_per_byte
-        alpha = latency_from_calls(profile, _median(r["calls_done_ms"] for r in rows), cfg.world_size,
-                                   concurrent_calls(rows[0]["backend"]), beta)
+        alpha = latency_from_calls(profile, calls_done, cfg.world_size, concurrent_calls(rows[0]["backend"]), beta)
         fit = fit_link(samples, alpha_ms=alpha)
     point = {**config_columns(cfg), "net_rate_mbit": rows[0].get("net_rate_mbit"), "process_group": rows[0]["backend"]}
     now = datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")
     meta = dict(version=VERSION, created_at=now, git_commit=git_commit(), **machine_metadata())
     quality = {} if fit is None else dict(r2=fit.r2, median_abs_pct_error=fit.median_abs_pct_error,
-                                          worst_abs_pct_error=fit.worst_abs_pct_error, samples=fit.n)
+                                          worst_abs_pct_error=fit.worst_abs_pct_error, samples=fit.n,
+                                          calls_done_ms=calls_done)  # what alpha reproduces: kept to re-derive it
     return Calibration(profile=profile, comm=fit.model if fit else AlphaBeta(0.0, 0.0),
                        copy_ms_per_byte=_median(r["copy_ms_per_byte"] for r in rows),
                        buffer_bytes=int(rows[0]["buffer_bytes"]), point=point, fit=quality, meta=meta,

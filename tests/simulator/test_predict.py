@@ -69,6 +69,7 @@ def test_predict_command_probes_stores_and_reuses_a_calibration(tmp_path):
     # compute was timed after DDP's own iterations, whose phases are kept beside compute timed before any
     assert set(cal.ddp) == {"forward_ms", "backward_ms", "optimizer_ms", "total_ms"} and cal.ddp["total_ms"] > 0
     assert set(cal.rest) == {"forward_ms", "backward_ms", "optimizer_ms"} and cal.rest["backward_ms"] > 0
+    assert cal.fit["calls_done_ms"] > 0  # what alpha was derived from, kept so that a later model can re-derive it
     again = _predict("--model=small", "--net=loopback", "--bucket_cap_mb=1", "--json", f"--calibration={stored}",
                      cwd=tmp_path)
     assert json.loads(again.stdout.strip().splitlines()[-1])["predicted_ms"] == pytest.approx(out["predicted_ms"])
