@@ -9,7 +9,7 @@ calls of k parameters each. Fewer, larger calls should be much faster; and the t
 same order as the model's backward pass (measured on one rank without DDP), which is why overlapping the two
 pays. The dashed line in each panel is that backward compute time; with ``net=auto`` the dotted line is the
 backward (all ranks computing at once) that set the emulated link's rate, at which one allreduce of the whole
-gradient takes exactly that long. The thin dotted lines are the ring alpha-beta model fitted to the measured calls
+gradient takes exactly that long. The thin dash-dotted lines are the ring alpha-beta model fitted to the measured calls
 (:func:`ring_fits`, the simulator's cost model; its fit is printed by the summary).
 """
 from __future__ import annotations
@@ -70,8 +70,11 @@ def ring_fits(comm) -> dict:
 
     fits = {}
     for backend, sel in comm.groupby("backend"):
-        calls = sel.groupby(["world_size", "params_per_call"])["call_ms"].median()
-        samples = [(n, k * BYTES_PER_PARAM, ms) for (n, k), ms in calls.items() if n > 1]
+        calls = sel[sel["world_size"] > 1].groupby(["world_size", "params_per_call"])[["call_ms", "total_bytes",
+                                                                                       "num_calls"]].median()
+        # the calls' mean size: the last of a split is shorter (10M-parameter calls of 25.6M: 10, 10, 5.6M), and
+        # the cost of a call is affine in its size, so the mean call costs the mean
+        samples = [(n, row.total_bytes / row.num_calls, row.call_ms) for (n, _), row in calls.iterrows()]
         if len({nbytes for _, nbytes, _ in samples}) >= 2:
             fits[backend] = fit_ring(samples)
     return fits
@@ -92,12 +95,13 @@ def plot(df, cfg: Config):
         common.median_lines(ax, sel, "params_per_call", "total_ms", "world_size", label=lambda n: f"{n} ranks")
         common.repeat_markers(ax, sel, ["world_size", "params_per_call"], "params_per_call")
         if backend in fits:  # the fitted model's total time for the same calls
-            ks = sorted(sel["params_per_call"].unique())
-            for i, n in enumerate(sorted(sel["world_size"].unique())):
-                model = fits[backend].model
-                total = [math.ceil(cfg.total_params / k) * model.allreduce_ms(int(k) * BYTES_PER_PARAM, n) for k in ks]
-                ax.plot(ks, total, ":", lw=1, color="0.3", label=None if i else (
-                    f"ring fit: {model.alpha_ms * 1e3:.0f} us/step, {model.busbw_gbit:.2f} Gbit/s"))
+            model, ks = fits[backend].model, sorted(sel["params_per_call"].unique())
+            calls = [math.ceil(cfg.total_params / k) for k in ks]
+            nbytes = cfg.total_params * BYTES_PER_PARAM
+            for i, n in enumerate(sorted(w for w in sel["world_size"].unique() if w > 1)):
+                ax.plot(ks, [c * model.allreduce_ms(nbytes / c, n) for c in calls], "-.", lw=1, color="C2",
+                        label=None if i else f"ring fit: {model.alpha_ms * 1e3:.0f} us/step, "
+                                             f"{model.busbw_gbit:.2f} Gbit/s")
         device = "GPU" if backend == "nccl" else "CPU"
         bwd = compute[compute["device_name"].ne("cpu") == (backend == "nccl")]["backward_compute_ms"]
         if not bwd.empty:
@@ -134,7 +138,8 @@ def summarize(df, cfg: Config) -> str:
     for backend, fit in ring_fits(comm).items():
         lines.append(f"{backend} ring alpha-beta fit (simulator.comm): alpha {fit.model.alpha_ms * 1e3:.0f} us per "
                      f"step, {fit.model.busbw_gbit:.2f} Gbit/s per link; R^2 {fit.r2:.3f}, error median "
-                     f"{fit.median_abs_pct_error:.0f}% / worst {fit.worst_abs_pct_error:.0f}% over {fit.n} call sizes")
+                     f"{fit.median_abs_pct_error:.0f}% / worst {fit.worst_abs_pct_error:.0f}% over {fit.n} "
+                     "(ranks, call size) medians")
     if not compute.empty:
         bwd = verdicts.repeat_medians(compute, ["model"], "backward_compute_ms").xs(cfg.compute_model)
         lines.append(f"{cfg.compute_model} backward compute (1 rank): {verdicts.spread(bwd).fmt()}")

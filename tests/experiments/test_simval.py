@@ -56,16 +56,17 @@ def test_confirm_measures_a_mismatched_recommendation_beside_the_best_side_by_si
     median over repetitions of the paired ratio, not the grid's biased one."""
     from harness.config import point_id, validate
 
-    swept = []
+    swept, apart, failed = [], set(), set()
 
     def fake_sweep(experiment, points, root=None):
         swept.extend(points)
         rows = []
         for p in points:  # per repetition one task; the host drifts between repetitions, 5 MiB is 1 % slower
             drift = 1 + 0.1 * (p.repeat - simval.CONFIRM_REPEAT)
-            group = f"task{p.repeat}"
+            group = f"task{p.repeat}" + (f"-{p.bucket_cap_mb}" if p.net in apart else "")
             ms = 1000 * drift * (1.01 if p.bucket_cap_mb == 5 else 1.0)
-            rows += [dict(point_id=point_id(validate(p)), error="", synced=True, bucket_cap_mb=p.bucket_cap_mb,
+            error = "died" if (p.net, p.bucket_cap_mb) in failed else ""
+            rows += [dict(point_id=point_id(validate(p)), error=error, synced=True, bucket_cap_mb=p.bucket_cap_mb,
                           repeat=p.repeat, group=group, total_ms=ms + k) for k in range(p.iters)]
         return pd.DataFrame(rows)
 
@@ -82,7 +83,15 @@ def test_confirm_measures_a_mismatched_recommendation_beside_the_best_side_by_si
     assert out.loc["1gbit", "confirmed_over_best"] == pytest.approx(1.01, abs=1e-3)
     assert out.loc["1gbit", "within_goal"] and out.loc["2gbit", "within_goal"]
     assert pd.isna(out.loc["2gbit", "confirmed_over_best"])
+    assert list(out["verdict"]) == ["side by side", "same cap"]
     assert pd.read_csv(tmp_path / "simval" / "tuning.csv")["within_goal"].all()
+    # the two caps in separate tasks (one stored beside another cap earlier): said so; a cap that failed: the grid's
+    apart.add("1gbit")
+    assert simval.confirm(cfg, table, root=tmp_path).loc[0, "verdict"] == "side by side, measured apart"
+    failed.add(("1gbit", 1.0))
+    grid = simval.confirm(cfg, table, root=tmp_path)
+    assert grid.loc[0, "verdict"] == "grid (not measured side by side)" and not grid.loc[0, "within_goal"]
+    assert simval.confirm(cfg, table.iloc[:0], root=tmp_path).empty
     # no confirmation: the grid's ratio decides
     monkeypatch.setattr(simval, "run_sweep", None)
     plain = simval.confirm(simval.Config(models=("resnet50",), nets=("1gbit",), world_sizes=(), confirm_repeats=0),
