@@ -5,11 +5,13 @@
     python -m experiments predict --calibration=results/calibration/....json --bucket_cap_mb=5
     python -m experiments predict --cluster=paper-v100 --world_size=256 --backend=nccl --model=bert-base
 
-Any point option of the figure drivers (``TrainConfig``) is accepted. Without ``--calibration`` a short probe
+Any point option of the figure drivers (``TrainConfig``) is accepted. Without ``--calibration`` a probe
 (:mod:`simulator.calibrate`) measures this machine now, on the point's own ranks and network, and is stored under
-``results/calibration/`` for reuse; the prediction names the calibration it used. The probe takes 20-45 s for
-ResNet50 at 2-4 ranks and 50-120 s for BERT-base (most of it DDP's own iterations at the point's settings, seconds
-each on a slow link or at 4 ranks; ``make simval``'s probes, 2026-11-26).
+``results/calibration/``; the prediction names the calibration it used. The full probe takes 20-45 s for ResNet50
+and 50-120 s for BERT-base (the link, calls inside backward, compute under communication). Within
+``REFRESH_HOURS`` of a stored full probe of the same point, only what drifts is measured again (``--probe=auto``,
+the default: compute timed after DDP's own iterations, :func:`simulator.calibrate.refresh`; the link's numbers and
+the contentions stay as probed); ``--probe=full`` probes everything again.
 ``--cluster=NAME`` predicts for a named GPU cluster instead (:mod:`simulator.clusters`: its numbers and their
 sources; paper-profile batches, ``--net`` and ``--profile`` do not apply, ``--backend=auto`` means NCCL).
 """
@@ -17,6 +19,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import datetime
 import json
 import sys
 from pathlib import Path
@@ -28,6 +31,7 @@ from harness.results import results_root
 
 PROBE_ITERS, PROBE_WARMUP = 3, 1
 CALIBRATION_DIR = "calibration"
+REFRESH_HOURS = 24.0  # a stored full probe younger than this is refreshed (compute only) instead of redone
 
 
 def calibration_path(cfg: TrainConfig, root=None) -> Path:
@@ -42,9 +46,11 @@ def calibration_path(cfg: TrainConfig, root=None) -> Path:
     return Path(results_root(root)) / CALIBRATION_DIR / name
 
 
-def calibration_for(cfg: TrainConfig, stored: str = "", root=None):
-    """``stored`` (a path) if given, after checking it describes ``cfg``'s model and ranks; else a fresh probe."""
-    from simulator.calibrate import Calibration, calibrate
+def calibration_for(cfg: TrainConfig, stored: str = "", root=None, probe: str = "auto"):
+    """``stored`` (a path) if given, after checking it describes ``cfg``'s model and ranks; else this point's stored
+    calibration with its compute re-timed, if a full probe of it is younger than ``REFRESH_HOURS`` and ``probe`` is
+    "auto"; else a fresh full probe."""
+    from simulator.calibrate import Calibration, calibrate, refresh
 
     if stored:
         cal = Calibration.load(stored)
@@ -54,8 +60,22 @@ def calibration_for(cfg: TrainConfig, stored: str = "", root=None):
                 raise ValueError(f"calibration {stored} was probed with {key}={probed!r}, but the point "
                                  f"asks for {key}={getattr(cfg, key)!r}; probe again (leave out --calibration)")
         return cal, Path(stored)
-    cal = calibrate(dataclasses.replace(cfg, iters=PROBE_ITERS, warmup=PROBE_WARMUP))
-    return cal, cal.save(calibration_path(cfg, root))
+    path, short = calibration_path(cfg, root), dataclasses.replace(cfg, iters=PROBE_ITERS, warmup=PROBE_WARMUP)
+    if probe == "auto" and path.exists():
+        try:
+            cal = Calibration.load(path)
+        except ValueError:  # another calibration version's: probe again
+            cal = None
+        if cal is not None and _hours_since(cal.meta.get("probed_at", cal.meta["created_at"])) < REFRESH_HOURS:
+            cal = refresh(cal, short)
+            return cal, cal.save(path)
+    cal = calibrate(short)
+    return cal, cal.save(path)
+
+
+def _hours_since(iso: str) -> float:
+    then = datetime.datetime.fromisoformat(iso)
+    return (datetime.datetime.now(datetime.timezone.utc) - then).total_seconds() / 3600
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -67,6 +87,9 @@ def _main(argv: list[str] | None) -> int:
     add_dataclass_arguments(parser, TrainConfig)
     parser.set_defaults(model="resnet50")
     parser.add_argument("--calibration", default="", help="a stored calibration file (default: probe now)")
+    parser.add_argument("--probe", choices=("auto", "full"), default="auto",
+                        help=f"auto: re-time only the compute of this point's stored probe if younger than "
+                             f"{REFRESH_HOURS:g} h, else probe in full; full: always probe in full")
     parser.add_argument("--cluster", default="", help="a named GPU cluster (simulator/clusters.py) instead of this "
                         "machine, e.g. paper-v100")
     parser.add_argument("--json", action="store_true", help="print one JSON object (predicted_ms, breakdown)")
@@ -82,12 +105,13 @@ def _main(argv: list[str] | None) -> int:
             cal, path = cluster_calibration(ns.cluster, cfg.model, cfg.backend, cfg.world_size), ns.cluster
         else:
             cfg = validate(cfg)
-            cal, path = calibration_for(cfg, ns.calibration)
+            cal, path = calibration_for(cfg, ns.calibration, probe=ns.probe)
     from simulator.predict import Scenario, predict
 
     scenario = Scenario(bucket_cap_mb=cfg.bucket_cap_mb, overlap=cfg.overlap,
                         round_robin_groups=cfg.round_robin_groups, sync_every=cfg.sync_every)
     out = dict(predict(cal, scenario), calibration=str(path), calibrated_at=cal.meta["created_at"],
+               probed_at=cal.meta.get("probed_at", cal.meta["created_at"]),
                point={**cal.point, **dataclasses.asdict(scenario)})
     if ns.json:
         print(json.dumps(out))
@@ -103,7 +127,8 @@ def _main(argv: list[str] | None) -> int:
     for key in ("forward_ms", "backward_compute_ms", "exposed_comm_ms", "optimizer_ms", "comm_ms"):
         print(f"  {key:22s} {out[key]:9.1f}")
     print(f"  {'buckets':22s} {out['num_buckets']:9d}")
-    print(f"calibration: {path} ({cal.meta['created_at']}, alpha {cal.comm.alpha_ms:.3f} ms, "
+    probed = f"; link, latency and contention probed {cal.meta['probed_at']}" if "probed_at" in cal.meta else ""
+    print(f"calibration: {path} ({cal.meta['created_at']}{probed}, alpha {cal.comm.alpha_ms:.3f} ms, "
           f"{cal.comm.busbw_gbit:.2f} Gbit/s, contention {cal.profile.contention:.2f})")
     if ns.cluster:
         print("simulated from stated assumptions, not measured; sources:\n  - " + "\n  - ".join(cal.meta["sources"]))

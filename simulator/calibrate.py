@@ -22,6 +22,8 @@ training):
 * copies: DDP copies each gradient into its bucket and back out; the rank's memory-copy rate prices that.
 
 The result is a :class:`Calibration`, stored as a versioned JSON file, so a prediction names what it came from.
+:func:`refresh` re-times only what drifts, the compute (~30 s for BERT-base at 2 ranks against 70-90 s in full),
+keeping a stored probe's link, per-call latency and contentions (``predict`` does so within a day of a full probe).
 """
 from __future__ import annotations
 
@@ -30,7 +32,7 @@ import json
 import math
 import statistics
 import time
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 
 import numpy as np
@@ -126,9 +128,9 @@ def _timed_allreduce(buf: torch.Tensor, ctx) -> float:
     return (time.perf_counter() - t0) * 1e3
 
 
-def probe_rank(ctx, cfg: TrainConfig) -> list[dict]:
+def probe_rank(ctx, cfg: TrainConfig, full: bool = True) -> list[dict]:
     """One rank's probe (a ``run_point`` fn): compute, then the link, then calls inside backward, then compute
-    under communication."""
+    under communication; with ``full=False`` (:func:`compute_rank`) only the compute after DDP's iterations."""
     model = seeded_model(cfg.model, cfg.seed).to(ctx.device)
     inputs = make_inputs(cfg.model, input_spec(cfg.model, cfg.profile, cfg.batch_size), ctx.device,
                          seed=cfg.seed * 1000 + ctx.rank)
@@ -184,44 +186,45 @@ def probe_rank(ctx, cfg: TrainConfig) -> list[dict]:
                     ready=[(s - t1) * 1e3 for s in stamps], covered=(covered - t1) * 1e3,
                     calls_done=(max(done, default=t1) - t1) * 1e3)
 
-    rest = [iteration() for _ in range(cfg.warmup + cfg.iters)][cfg.warmup:]  # compute alone, before any DDP
+    rest = [iteration() for _ in range(cfg.warmup + cfg.iters)][cfg.warmup:] if full else []  # before any DDP
     runs = [after_ddp() for _ in range(cfg.warmup + cfg.iters)][cfg.warmup:]  # compute alone, after DDP
-    grad_bytes = sum(p.numel() * p.element_size() for p in params)
-    samples = []
-    for nbytes in [n for n in PROBE_SIZES if n < 2 * grad_bytes] or PROBE_SIZES[:2]:  # ... the largest bucket
-        buf = torch.zeros(nbytes // 4, dtype=torch.float32, device=ctx.device)
-        calls = PROBE_CALLS if nbytes < 32 * MIB else 2
-        times = [_timed_allreduce(buf, ctx) for _ in range(calls + 1)][1:]
-        samples += [(ctx.world_size, nbytes, ms) for ms in times]
-        del buf
-    comm = fit_link(samples).model if ctx.world_size > 1 else AlphaBeta(0.0, 0.0)
+    samples, calls_done, contention_pairs, comm_contention = [], math.nan, [], 0.0
+    if full:  # a refresh (compute_rank) re-times only the compute above
+        grad_bytes = sum(p.numel() * p.element_size() for p in params)
+        for nbytes in [n for n in PROBE_SIZES if n < 2 * grad_bytes] or PROBE_SIZES[:2]:  # ... the largest bucket
+            buf = torch.zeros(nbytes // 4, dtype=torch.float32, device=ctx.device)
+            calls = PROBE_CALLS if nbytes < 32 * MIB else 2
+            times = [_timed_allreduce(buf, ctx) for _ in range(calls + 1)][1:]
+            samples += [(ctx.world_size, nbytes, ms) for ms in times]
+            del buf
+        comm = fit_link(samples).model if ctx.world_size > 1 else AlphaBeta(0.0, 0.0)
 
-    calls_done, contention_pairs, comm_contention = math.nan, [], 0.0
-    if ctx.world_size > 1:
-        # What a call costs where DDP pays it: inside backward, one per gradient as it becomes ready, carrying
-        # the gradient's bytes, while the ranks' compute threads hold the cores. Small calls alone (between
-        # barriers, back to back, or inside backward) cost per call a factor 2-5 apart between rank counts and
-        # runs on 2 cores, and several times what a call costs DDP while bytes flow. The first one warms up.
-        calls_done = _median(r["calls_done"] for r in [iteration(calls=True) for _ in range(1 + LATENCY_ITERS)][1:])
-        # Contention: backward alone and under one allreduce 1.5x as long, in pairs, so that drift between the
-        # probe's phases (this host's speed moves within minutes) cancels.
-        steps = 2 * (ctx.world_size - 1)
-        per_byte = steps / ctx.world_size * comm.beta_ms_per_byte
-        want = (1.5 * _median(r["backward"] for r in runs) - steps * comm.alpha_ms) / max(per_byte, 1e-12)
-        size = torch.tensor([min(MAX_COVER_BYTES, max(32 * MIB, want))], dtype=torch.float64)
-        dist.all_reduce(size, op=dist.ReduceOp.MAX, group=ctx.group)
-        cover = torch.zeros(int(size.item()) // 4, dtype=torch.float32, device=ctx.device)
-        pairs = [(after_ddp(), iteration(cover)) for _ in range(CONTENTION_PAIRS)]
-        contention_pairs = [(alone["backward"], under["backward"]) for alone, under in pairs]
-        # The allreduce ran over the whole backward; the time it took beyond its cost alone is what its bytes
-        # lost while compute ran: a share x of the backward means they moved at rate 1 - x there.
-        alone_ms = comm.allreduce_ms(cover.numel() * 4, ctx.world_size)
-        lost = min(max(_median((r["covered"] - alone_ms) / r["backward"] for _, r in pairs), 0.0), 0.9)
-        comm_contention = lost / (1 - lost)
-        # The compute-only halves join the first iterations: this host's speed moves within minutes, and one slow
-        # spell at the probe's start alone set the compute of every prediction (BERT-base backward read 689 ms in
-        # one probe, 416-463 ms in the others), most visibly where no_sync leaves little else.
-        runs += [alone for alone, _ in pairs]
+        if ctx.world_size > 1:
+            # What a call costs where DDP pays it: inside backward, one per gradient as it becomes ready, carrying
+            # the gradient's bytes, while the ranks' compute threads hold the cores. Small calls alone (between
+            # barriers, back to back, or inside backward) cost per call a factor 2-5 apart between rank counts and
+            # runs on 2 cores, and several times what a call costs DDP while bytes flow. The first one warms up.
+            streams = [iteration(calls=True) for _ in range(1 + LATENCY_ITERS)][1:]
+            calls_done = _median(r["calls_done"] for r in streams)
+            # Contention: backward alone and under one allreduce 1.5x as long, in pairs, so that drift between the
+            # probe's phases (this host's speed moves within minutes) cancels.
+            steps = 2 * (ctx.world_size - 1)
+            per_byte = steps / ctx.world_size * comm.beta_ms_per_byte
+            want = (1.5 * _median(r["backward"] for r in runs) - steps * comm.alpha_ms) / max(per_byte, 1e-12)
+            size = torch.tensor([min(MAX_COVER_BYTES, max(32 * MIB, want))], dtype=torch.float64)
+            dist.all_reduce(size, op=dist.ReduceOp.MAX, group=ctx.group)
+            cover = torch.zeros(int(size.item()) // 4, dtype=torch.float32, device=ctx.device)
+            pairs = [(after_ddp(), iteration(cover)) for _ in range(CONTENTION_PAIRS)]
+            contention_pairs = [(alone["backward"], under["backward"]) for alone, under in pairs]
+            # The allreduce ran over the whole backward; the time it took beyond its cost alone is what its bytes
+            # lost while compute ran: a share x of the backward means they moved at rate 1 - x there.
+            alone_ms = comm.allreduce_ms(cover.numel() * 4, ctx.world_size)
+            lost = min(max(_median((r["covered"] - alone_ms) / r["backward"] for _, r in pairs), 0.0), 0.9)
+            comm_contention = lost / (1 - lost)
+            # The compute-only halves join the first iterations: this host's speed moves within minutes, and one
+            # slow spell at the probe's start alone set the compute of every prediction (BERT-base backward read 689
+            # ms in one probe, 416-463 ms in the others), most visibly where no_sync leaves little else.
+            runs += [alone for alone, _ in pairs]
     forward, backward, opt = (_median(r[k] for r in runs) for k in ("forward", "backward", "optimizer"))
     ready = [_median(r["ready"][i] for r in runs) for i in range(len(params))]
 
@@ -242,7 +245,13 @@ def probe_rank(ctx, cfg: TrainConfig) -> list[dict]:
                  buffer_bytes=sum(b.numel() * b.element_size() for b in model.buffers()),
                  # DDP's first iteration runs on the first bucket layout, the second rebuilds it in its forward
                  ddp={k: _median(r[k] for r in ddp_runs[max(2, cfg.warmup):]) for k in DDP_PHASES} if ddp_runs else {},
-                 rest={f"{k}_ms": _median(r[k] for r in rest) for k in ("forward", "backward", "optimizer")})]
+                 rest={f"{k}_ms": _median(r[k] for r in rest) for k in ("forward", "backward", "optimizer")} if rest
+                 else {})]
+
+
+def compute_rank(ctx, cfg: TrainConfig) -> list[dict]:
+    """A refresh's probe (a ``run_point`` fn): only what drifts, compute timed right after DDP's iterations."""
+    return probe_rank(ctx, cfg, full=False)
 
 
 def latency_from_calls(profile: ComputeProfile, done_ms: float, world_size: int, concurrent: int = 1,
@@ -276,18 +285,35 @@ def slowest_rank_contention(pairs_by_rank) -> float:
     return max(0.0, _median(max(u for _, u in pair) / max(a for a, _ in pair) - 1 for pair in pairs))
 
 
+def _slowest_compute(rows) -> dict:
+    """The compute fields of a profile from every rank's probe. DDP waits for the slowest rank: a bucket is ready
+    when its gradients are ready on every rank, and the buffer broadcast at the start of forward waits for the last
+    rank's optimizer step; ranks sharing 2 cores differ by up to 1.5x in a phase (at 3 ranks: forward 72-114 ms,
+    optimizer 27-39 ms)."""
+    backward = max(r["backward_ms"] for r in rows)
+    ready = [min(max(r["ready_ms"][i] for r in rows), backward) for i in range(len(rows[0]["ready_ms"]))]
+    return dict(ready_ms=tuple(ready), backward_ms=backward, forward_ms=max(r["forward_ms"] for r in rows),
+                optimizer_ms=max(r["optimizer_ms"] for r in rows))
+
+
+def refresh(cal: Calibration, cfg: TrainConfig) -> Calibration:
+    """``cal``, a full probe of ``cfg``'s point, with what drifts measured again now (:func:`compute_rank`: forward,
+    backward, optimizer step and each gradient's ready time, timed right after DDP's own iterations as the full
+    probe times them, and the copy rate); the link's cost, the per-call latency and the contentions stay as probed
+    at ``meta["probed_at"]`` (an emulated link does not drift; ``make simval`` validates whole probes only)."""
+    rows = run_point(cfg, fn=compute_rank)
+    now = datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")
+    meta = {**cal.meta, "created_at": now, "probed_at": cal.meta.get("probed_at", cal.meta["created_at"]),
+            "git_commit": git_commit()}
+    return replace(cal, profile=replace(cal.profile, **_slowest_compute(rows)), meta=meta,
+                   copy_ms_per_byte=_median(r["copy_ms_per_byte"] for r in rows),
+                   ddp={k: max(r["ddp"][k] for r in rows) for k in rows[0]["ddp"]}, rest={})
+
+
 def calibrate(cfg: TrainConfig) -> Calibration:
     """Probe ``cfg``'s ranks and network now (its ``iters``/``warmup`` set the compute iterations)."""
     rows = run_point(cfg, fn=probe_rank)
-    # DDP waits for the slowest rank: a bucket is ready when its gradients are ready on every rank, and the
-    # buffer broadcast at the start of forward waits for the last rank's optimizer step; ranks sharing 2 cores
-    # differ by up to 1.5x in a phase (at 3 ranks: forward 72-114 ms, optimizer 27-39 ms).
-    ready = [max(r["ready_ms"][i] for r in rows) for i in range(len(rows[0]["ready_ms"]))]
-    backward = max(r["backward_ms"] for r in rows)
-    profile = ComputeProfile(param_bytes=tuple(rows[0]["param_bytes"]), backward_ms=backward,
-                             ready_ms=tuple(min(r, backward) for r in ready),
-                             forward_ms=max(r["forward_ms"] for r in rows),
-                             optimizer_ms=max(r["optimizer_ms"] for r in rows),
+    profile = ComputeProfile(param_bytes=tuple(rows[0]["param_bytes"]), **_slowest_compute(rows),
                              contention=slowest_rank_contention([r["contention_pairs"] for r in rows]),
                              comm_contention=_median(r["comm_contention"] for r in rows))
     samples = [tuple(s) for s in rows[0]["comm_samples"]]

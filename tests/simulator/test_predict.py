@@ -73,6 +73,17 @@ def test_predict_command_probes_stores_and_reuses_a_calibration(tmp_path):
     again = _predict("--model=small", "--net=loopback", "--bucket_cap_mb=1", "--json", f"--calibration={stored}",
                      cwd=tmp_path)
     assert json.loads(again.stdout.strip().splitlines()[-1])["predicted_ms"] == pytest.approx(out["predicted_ms"])
+    # again without --calibration: within REFRESH_HOURS only the compute is re-timed, the rest kept as probed
+    refreshed = _predict("--model=small", "--net=loopback", "--bucket_cap_mb=1", cwd=tmp_path)
+    assert refreshed.returncode == 0, refreshed.stderr
+    assert f"probed {cal.meta['created_at']}" in refreshed.stdout
+    fresh = Calibration.load(stored)
+    assert fresh.meta["probed_at"] == cal.meta["created_at"] and fresh.comm == cal.comm and fresh.fit == cal.fit
+    assert fresh.profile.contention == cal.profile.contention and fresh.profile.param_bytes == cal.profile.param_bytes
+    assert fresh.profile.backward_ms != cal.profile.backward_ms  # measured again
+    full = _predict("--model=small", "--net=loopback", "--probe=full", "--json", cwd=tmp_path)
+    assert full.returncode == 0, full.stderr
+    assert "probed_at" not in Calibration.load(stored).meta
     wrong = _predict("--model=resnet50", f"--calibration={stored}", cwd=tmp_path)
     assert wrong.returncode != 0 and "was probed with model='small'" in wrong.stderr
 
