@@ -21,6 +21,7 @@ import argparse
 import dataclasses
 import datetime
 import json
+import math
 import sys
 from pathlib import Path
 
@@ -50,6 +51,7 @@ def calibration_for(cfg: TrainConfig, stored: str = "", root=None, probe: str = 
     """``stored`` (a path) if given, after checking it describes ``cfg``'s model and ranks; else this point's stored
     calibration with its compute re-timed, if a full probe of it is younger than ``REFRESH_HOURS`` and ``probe`` is
     "auto"; else a fresh full probe."""
+    from harness.runner import machine_metadata
     from simulator.calibrate import Calibration, calibrate, refresh
 
     if stored:
@@ -66,7 +68,8 @@ def calibration_for(cfg: TrainConfig, stored: str = "", root=None, probe: str = 
             cal = Calibration.load(path)
         except ValueError:  # another calibration version's: probe again
             cal = None
-        if cal is not None and _hours_since(cal.meta.get("probed_at", cal.meta["created_at"])) < REFRESH_HOURS:
+        if (cal is not None and _hours_since(cal.meta.get("probed_at", cal.meta["created_at"])) < REFRESH_HOURS
+                and all(cal.meta.get(k) == v for k, v in machine_metadata().items())):  # same host and torch
             cal = refresh(cal, short)
             return cal, cal.save(path)
     cal = calibrate(short)
@@ -74,7 +77,13 @@ def calibration_for(cfg: TrainConfig, stored: str = "", root=None, probe: str = 
 
 
 def _hours_since(iso: str) -> float:
-    then = datetime.datetime.fromisoformat(iso)
+    """Hours since an ISO time (UTC if it names no zone); infinite for one that cannot be read."""
+    try:
+        then = datetime.datetime.fromisoformat(iso)
+    except (TypeError, ValueError):
+        return math.inf
+    if then.tzinfo is None:
+        then = then.replace(tzinfo=datetime.timezone.utc)
     return (datetime.datetime.now(datetime.timezone.utc) - then).total_seconds() / 3600
 
 
@@ -87,8 +96,8 @@ def _main(argv: list[str] | None) -> int:
     add_dataclass_arguments(parser, TrainConfig)
     parser.set_defaults(model="resnet50")
     parser.add_argument("--calibration", default="", help="a stored calibration file (default: probe now)")
-    parser.add_argument("--probe", choices=("auto", "full"), default="auto",
-                        help=f"auto: re-time only the compute of this point's stored probe if younger than "
+    parser.add_argument("--probe", choices=("auto", "full"), default=None,
+                        help=f"auto (default): re-time only the compute of this point's stored probe if younger than "
                              f"{REFRESH_HOURS:g} h, else probe in full; full: always probe in full")
     parser.add_argument("--cluster", default="", help="a named GPU cluster (simulator/clusters.py) instead of this "
                         "machine, e.g. paper-v100")
@@ -99,13 +108,16 @@ def _main(argv: list[str] | None) -> int:
         if ns.cluster:
             from simulator.clusters import cluster_calibration
 
-            if ns.calibration:
-                raise ValueError("--calibration and --cluster exclude each other: a calibration is this machine's")
+            if ns.calibration or ns.probe:
+                raise ValueError("--calibration or --probe and --cluster exclude each other: a calibration is this "
+                                 "machine's")
             cfg = validate(dataclasses.replace(cfg, backend="nccl" if cfg.backend == "auto" else cfg.backend))
             cal, path = cluster_calibration(ns.cluster, cfg.model, cfg.backend, cfg.world_size), ns.cluster
         else:
             cfg = validate(cfg)
-            cal, path = calibration_for(cfg, ns.calibration, probe=ns.probe)
+            if ns.calibration and ns.probe:
+                raise ValueError("--calibration and --probe exclude each other: a given calibration is used as it is")
+            cal, path = calibration_for(cfg, ns.calibration, probe=ns.probe or "auto")
     from simulator.predict import Scenario, predict
 
     scenario = Scenario(bucket_cap_mb=cfg.bucket_cap_mb, overlap=cfg.overlap,

@@ -84,6 +84,8 @@ def test_predict_command_probes_stores_and_reuses_a_calibration(tmp_path):
     full = _predict("--model=small", "--net=loopback", "--probe=full", "--json", cwd=tmp_path)
     assert full.returncode == 0, full.stderr
     assert "probed_at" not in Calibration.load(stored).meta
+    both = _predict("--model=small", f"--calibration={stored}", "--probe=full", cwd=tmp_path)
+    assert both.returncode != 0 and "exclude each other" in both.stderr
     wrong = _predict("--model=resnet50", f"--calibration={stored}", cwd=tmp_path)
     assert wrong.returncode != 0 and "was probed with model='small'" in wrong.stderr
 
@@ -113,3 +115,40 @@ def test_contention_is_the_slowest_ranks_per_pair():
     assert slowest_rank_contention([rank0, rank1]) == pytest.approx(170 / 105 - 1)
     assert slowest_rank_contention([[(100.0, 90.0)]]) == 0.0  # faster under communication: no contention
     assert slowest_rank_contention([[], []]) == 0.0  # one rank: no pairs
+
+
+def test_a_stored_full_probe_is_refreshed_within_a_day_and_redone_after(tmp_path, monkeypatch):
+    import datetime
+    from dataclasses import replace
+
+    import simulator.calibrate as calibrate_module
+    from experiments.predict import REFRESH_HOURS, calibration_for, calibration_path
+    from harness import TrainConfig
+    from harness.config import validate
+    from harness.runner import machine_metadata
+
+    cfg = validate(TrainConfig(model="small", world_size=2, net="1gbit"))
+    done = []
+    monkeypatch.setattr(calibrate_module, "calibrate", lambda c: done.append("full") or _calibration())
+    monkeypatch.setattr(calibrate_module, "refresh", lambda cal, c: done.append("refresh") or cal)
+
+    def stored(hours_ago, **meta):
+        when = datetime.datetime.now(datetime.timezone.utc) - datetime.timedelta(hours=hours_ago)
+        cal = _calibration()
+        cal = replace(cal, meta={**cal.meta, **machine_metadata(), "created_at": when.isoformat(), **meta})
+        cal.save(calibration_path(cfg, tmp_path))
+
+    def probe(**kw):
+        done.clear()
+        calibration_for(cfg, root=tmp_path, **kw)
+        return done[0]
+
+    assert probe() == "full"  # nothing stored
+    stored(REFRESH_HOURS - 1)
+    assert probe() == "refresh" and probe(probe="full") == "full"
+    stored(REFRESH_HOURS + 1)
+    assert probe() == "full"
+    stored(1, torch_version="0.0")  # another torch since the probe
+    assert probe() == "full"
+    stored(1, created_at="not a time")
+    assert probe() == "full"
