@@ -186,10 +186,8 @@ def probe_rank(ctx, cfg: TrainConfig, full: bool = True) -> list[dict]:
                     ready=[(s - t1) * 1e3 for s in stamps], covered=(covered - t1) * 1e3,
                     calls_done=(max(done, default=t1) - t1) * 1e3)
 
-    rest = [iteration() for _ in range(cfg.warmup + cfg.iters)][cfg.warmup:]  # compute alone, before any DDP
+    rest = [iteration() for _ in range(cfg.warmup + cfg.iters)][cfg.warmup:] if full else []  # before any DDP
     runs = [after_ddp() for _ in range(cfg.warmup + cfg.iters)][cfg.warmup:]  # compute alone, after DDP
-    if not full:  # as many compute iterations as a full probe's, whose contention pairs add theirs
-        runs += [after_ddp() for _ in range(CONTENTION_PAIRS)]
     samples, calls_done, contention_pairs, comm_contention = [], math.nan, [], 0.0
     if full:  # a refresh (compute_rank) re-times only the compute above
         grad_bytes = sum(p.numel() * p.element_size() for p in params)
@@ -247,7 +245,8 @@ def probe_rank(ctx, cfg: TrainConfig, full: bool = True) -> list[dict]:
                  buffer_bytes=sum(b.numel() * b.element_size() for b in model.buffers()),
                  # DDP's first iteration runs on the first bucket layout, the second rebuilds it in its forward
                  ddp={k: _median(r[k] for r in ddp_runs[max(2, cfg.warmup):]) for k in DDP_PHASES} if ddp_runs else {},
-                 rest={f"{k}_ms": _median(r[k] for r in rest) for k in ("forward", "backward", "optimizer")})]
+                 rest={f"{k}_ms": _median(r[k] for r in rest) for k in ("forward", "backward", "optimizer")} if rest
+                 else {})]
 
 
 def compute_rank(ctx, cfg: TrainConfig) -> list[dict]:
@@ -300,9 +299,9 @@ def _slowest_compute(rows) -> dict:
 def refresh(cal: Calibration, cfg: TrainConfig) -> Calibration:
     """``cal``, a full probe of ``cfg``'s point, with what drifts measured again now (:func:`compute_rank`: forward,
     backward, optimizer step and each gradient's ready time, timed right after DDP's own iterations as in the full
-    probe, as many of them, but back to back rather than spread over the probe; and the copy rate); the link's
-    cost, the per-call latency and the contentions stay as probed at ``meta["probed_at"]`` (an emulated link does
-    not drift; ``make simval`` validates whole probes only)."""
+    probe, but only ``cfg.iters`` of them, back to back, where a full probe adds its contention pairs' compute
+    halves, later; and the copy rate); the link's cost, the per-call latency and the contentions stay as probed at
+    ``meta["probed_at"]`` (an emulated link does not drift; ``make simval`` validates whole probes only)."""
     rows = run_point(cfg, fn=compute_rank)
     now = datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")
     meta = {**cal.meta, "created_at": now, "git_commit": git_commit(),
@@ -310,8 +309,7 @@ def refresh(cal: Calibration, cfg: TrainConfig) -> Calibration:
             "probed_git_commit": cal.meta.get("probed_git_commit", cal.meta["git_commit"])}
     return replace(cal, profile=replace(cal.profile, **_slowest_compute(rows)), meta=meta,
                    copy_ms_per_byte=_median(r["copy_ms_per_byte"] for r in rows),
-                   ddp={k: max(r["ddp"][k] for r in rows) for k in rows[0]["ddp"]},
-                   rest={k: max(r["rest"][k] for r in rows) for k in rows[0]["rest"]})
+                   ddp={k: max(r["ddp"][k] for r in rows) for k in rows[0]["ddp"]})
 
 
 def calibrate(cfg: TrainConfig) -> Calibration:
