@@ -54,7 +54,7 @@ claims: setup
 bench: setup
 	$(PY) -m experiments.bench $(ARGS)
 
-# The simulator's predictions against fresh measurements (results/simval/, results/figures/simval.png; 3 rounds + a side-by-side tuning check, ~140 min).
+# The simulator's predictions against fresh measurements (results/simval/, results/figures/simval.png; 3 rounds + a side-by-side tuning check, ~3 h).
 simval: setup
 	$(PY) -m experiments.simval $(ARGS)
 
