@@ -307,9 +307,13 @@ def refresh(cal: Calibration, cfg: TrainConfig) -> Calibration:
     meta = {**cal.meta, "created_at": now, "git_commit": git_commit(),
             "probed_at": cal.meta.get("probed_at", cal.meta["created_at"]),
             "probed_git_commit": cal.meta.get("probed_git_commit", cal.meta["git_commit"])}
-    return replace(cal, profile=replace(cal.profile, **_slowest_compute(rows)), meta=meta,
-                   copy_ms_per_byte=_median(r["copy_ms_per_byte"] for r in rows),
-                   ddp={k: max(r["ddp"][k] for r in rows) for k in rows[0]["ddp"]})
+    return replace(cal, profile=replace(cal.profile, **_slowest_compute(rows)), meta=meta, **_copy_and_ddp(rows))
+
+
+def _copy_and_ddp(rows) -> dict:
+    """The copy rate (ranks' median) and DDP's own phases (slowest rank), as a full probe and a refresh store them."""
+    return dict(copy_ms_per_byte=_median(r["copy_ms_per_byte"] for r in rows),
+                ddp={k: max(r["ddp"][k] for r in rows) for k in rows[0]["ddp"]})
 
 
 def calibrate(cfg: TrainConfig) -> Calibration:
@@ -330,8 +334,6 @@ def calibrate(cfg: TrainConfig) -> Calibration:
     quality = {} if fit is None else dict(r2=fit.r2, median_abs_pct_error=fit.median_abs_pct_error,
                                           worst_abs_pct_error=fit.worst_abs_pct_error, samples=fit.n,
                                           calls_done_ms=calls_done)  # what alpha reproduces: kept to re-derive it
-    return Calibration(profile=profile, comm=fit.model if fit else AlphaBeta(0.0, 0.0),
-                       copy_ms_per_byte=_median(r["copy_ms_per_byte"] for r in rows),
+    return Calibration(profile=profile, comm=fit.model if fit else AlphaBeta(0.0, 0.0), **_copy_and_ddp(rows),
                        buffer_bytes=int(rows[0]["buffer_bytes"]), point=point, fit=quality, meta=meta,
-                       ddp={k: max(r["ddp"][k] for r in rows) for k in rows[0]["ddp"]},
                        rest={k: max(r["rest"][k] for r in rows) for k in rows[0]["rest"]})
