@@ -1,6 +1,6 @@
 """The reducer: gradient hooks, bucket readiness, in-order launch, and finalize.
 
-1. Each parameter gets a post-accumulate-grad hook. When its gradient is final for this backward, the hook
+1. Each parameter's gradient accumulator gets a hook. When its gradient is final for this backward, the hook
    writes it into the parameter's slice of a flat bucket (divided by the world size unless a comm hook is
    registered: then averaging is the hook's job, as in torch).
 2. When every slice of a bucket is written the bucket is ready; ready buckets are launched (our allreduce, or
@@ -82,8 +82,13 @@ class Reducer:
         self._local_unused = False
         self._warned_create_graph = False
         self._finalize_inline = False
-        self._hook_handles = [p.register_post_accumulate_grad_hook(self._make_hook(i))
-                              for i, p in enumerate(self.params)]
+        # Hooks on each parameter's gradient accumulator, held here so autograd reuses it (as torch's reducer): they
+        # run once the incoming gradient is accumulated and freed. A post-accumulate-grad hook on the parameter runs
+        # while that temporary is alive, which left glibc trimming and re-faulting the heap under BERT-base's 9 MiB
+        # gradients (BENCHMARKS.md, "Eighth precision run").
+        with torch.enable_grad():
+            self._accumulators = [p.view_as(p).grad_fn.next_functions[0][0] for p in self.params]
+        self._hook_handles = [acc.register_hook(self._make_hook(i)) for i, acc in enumerate(self._accumulators)]
 
     # ---- bucket storage -------------------------------------------------------------------------------
     def _build(self, buckets: list[Bucket]) -> None:
@@ -174,7 +179,7 @@ class Reducer:
         # parameter that Python's collector cannot see, keeping every DDP ever built in the process alive.
         reducer = weakref.ref(self)
 
-        def hook(param: torch.Tensor) -> None:
+        def hook(grad_inputs, grad_outputs) -> None:
             self = reducer()
             if self is None:
                 return
