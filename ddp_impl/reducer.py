@@ -34,6 +34,7 @@ from typing import Callable, Sequence
 import torch
 import torch.distributed as dist
 from torch.autograd import Variable
+from torch.autograd.graph import get_gradient_edge
 
 from .buckets import Bucket, ParamSpec, assign_buckets, initial_buckets
 from .comm_hooks import GradBucket
@@ -85,9 +86,9 @@ class Reducer:
         # Hooks on each parameter's gradient accumulator, held here so autograd reuses it (as torch's reducer): they
         # run once the incoming gradient is accumulated and freed. A post-accumulate-grad hook on the parameter runs
         # while that temporary is alive, which left glibc trimming and re-faulting the heap under BERT-base's 9 MiB
-        # gradients (BENCHMARKS.md, "Eighth precision run").
+        # gradients (BENCHMARKS.md, "Ninth precision run").
         with torch.enable_grad():
-            self._accumulators = [p.view_as(p).grad_fn.next_functions[0][0] for p in self.params]
+            self._accumulators = [get_gradient_edge(p).node for p in self.params]
         self._hook_handles = [acc.register_hook(self._make_hook(i)) for i, acc in enumerate(self._accumulators)]
 
     # ---- bucket storage -------------------------------------------------------------------------------
