@@ -78,7 +78,9 @@ def buckets_for(profile: ComputeProfile, cap_mb: float, first_cap_mb: float | No
 class Prediction:
     """``total_ms`` is the mean over ``sync_every`` iterations; the phases describe the synchronized one, with
     ``backward_ms`` as the runner times it (compute slowed by contention, then waiting for the last allreduce).
-    Per-bucket times are from the start of backward; ``start_ms`` is when a call began running on its channel."""
+    Per-bucket times are from the start of backward; ``start_ms`` is when a call began running on its channel.
+    ``comm_ms`` is the communication span as the runner measures it (``ddp_backward_comm_ms``): first bucket
+    launched until the last allreduce finished; not a sum over calls, which counts concurrent ones twice."""
 
     total_ms: float
     forward_ms: float
@@ -165,7 +167,7 @@ def simulate(profile: ComputeProfile, buckets: list[Bucket], comm: CommModel, wo
     synced = p.forward_ms + backward + p.optimizer_ms + p.other_ms
     local = p.forward_ms + p.backward_ms + p.other_ms
     return Prediction(total_ms=(synced + (sync_every - 1) * local) / sync_every, forward_ms=p.forward_ms,
-                      backward_ms=backward, comm_ms=sum(d - s for s, d in zip(start, done)),
+                      backward_ms=backward, comm_ms=max(done) - min(launch) if launch else 0.0,
                       exposed_comm_ms=backward - p.backward_ms, optimizer_ms=p.optimizer_ms, synced_ms=synced,
                       local_ms=local, ready_ms=tuple(ready), launch_ms=tuple(launch), start_ms=tuple(start),
                       done_ms=tuple(done))

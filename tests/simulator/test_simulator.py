@@ -82,7 +82,7 @@ def test_overlap_on_vs_off():
     assert on.done_ms == pytest.approx((9.0, 15.0))
     assert on.backward_ms == pytest.approx(15.0)
     assert on.total_ms == pytest.approx(22.0)
-    assert on.comm_ms == pytest.approx(10.0)
+    assert on.comm_ms == pytest.approx(11.0)  # first launch 4 .. last done 15
     assert on.exposed_comm_ms == pytest.approx(5.0)  # 22 - 5 - 10 - 2
     off = simulate(TWO, buckets, COMM, 2, overlap=False)
     # both launch at 10, one channel: 10..15, 15..20 -> 5 + 20 + 2 = 27
@@ -117,7 +117,7 @@ def test_round_robin_groups_share_bandwidth():
     assert two.start_ms == pytest.approx((0.0, 2.0))
     assert two.done_ms == pytest.approx((7.0, 9.0))
     assert two.total_ms == pytest.approx(16.0)
-    assert two.comm_ms == pytest.approx(14.0)  # 7 + 7
+    assert two.comm_ms == pytest.approx(9.0)  # launched at 0 and 2, done at 7 and 9: the span, not 7 + 7
 
 
 def test_concurrent_calls_in_one_group_hide_latency_not_bytes():
@@ -129,6 +129,7 @@ def test_concurrent_calls_in_one_group_hide_latency_not_bytes():
     two = simulate(prof, buckets, COMM, 2, concurrent=2)
     assert two.start_ms == pytest.approx((0.0, 0.0))
     assert two.done_ms == pytest.approx((9.0, 9.0))
+    assert two.comm_ms == pytest.approx(9.0)  # two calls 0..9 at once: 9 ms, not 18
     # as many groups with one call each: the same
     assert simulate(prof, buckets, COMM, 2, groups=2).done_ms == pytest.approx((9.0, 9.0))
     with pytest.raises(ValueError, match="concurrent"):
