@@ -19,7 +19,7 @@ from dataclasses import dataclass
 
 from experiments import common, verdicts
 from harness import AllreduceConfig, TrainConfig
-from harness.collectives import BYTES_PER_PARAM
+from harness.collectives import BYTES_PER_PARAM, call_samples
 
 FIGURE = "fig2"
 PAPER = {
@@ -70,11 +70,7 @@ def ring_fits(comm) -> dict:
 
     fits = {}
     for backend, sel in comm.groupby("backend"):
-        calls = sel[sel["world_size"] > 1].groupby(["world_size", "params_per_call"])[["call_ms", "total_bytes",
-                                                                                       "num_calls"]].median()
-        # the calls' mean size: the last of a split is shorter (10M-parameter calls of 25.6M: 10, 10, 5.6M), and
-        # the cost of a call is affine in its size, so the mean call costs the mean
-        samples = [(n, row.total_bytes / row.num_calls, row.call_ms) for (n, _), row in calls.iterrows()]
+        samples = call_samples(sel)
         if len({nbytes for _, nbytes, _ in samples}) >= 2:
             fits[backend] = fit_ring(samples)
     return fits

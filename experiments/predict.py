@@ -7,7 +7,10 @@
 
 Any point option of the figure drivers (``TrainConfig``) is accepted. Without ``--calibration`` a probe
 (:mod:`simulator.calibrate`) measures this machine now, on the point's own ranks and network, and is stored under
-``results/calibration/``; the prediction names the calibration it used. The full probe takes 20-45 s for ResNet50
+``results/calibration/``; the prediction names the calibration it used. The link's cost per byte comes from
+``make fig2``'s allreduce microbenchmark: its stored calls where they ran on this very link (same backend, ranks,
+host and link rate: e.g. ``make fig2 ARGS="--world_sizes=3 --net=700mbit"`` before the example above), else the
+probe runs the same microbenchmark itself. The full probe takes 20-45 s for ResNet50
 and 50-120 s for BERT-base (the link, calls inside backward, compute under communication). Within
 ``REFRESH_HOURS`` of a stored full probe of the same point, only what drifts is measured again (``--probe=auto``,
 the default: compute timed after DDP's own iterations, :func:`simulator.calibrate.refresh`; the link's numbers and
@@ -72,7 +75,7 @@ def calibration_for(cfg: TrainConfig, stored: str = "", root=None, probe: str = 
                 and all(cal.meta.get(k) == v for k, v in machine_metadata().items())):  # same host and torch
             cal = refresh(cal, short)
             return cal, cal.save(path)
-    cal = calibrate(short)
+    cal = calibrate(short, root)
     return cal, cal.save(path)
 
 
@@ -142,6 +145,12 @@ def _main(argv: list[str] | None) -> int:
     probed = f"; link, latency and contention probed {cal.meta['probed_at']}" if "probed_at" in cal.meta else ""
     print(f"calibration: {path} ({cal.meta['created_at']}{probed}, alpha {cal.comm.alpha_ms:.3f} ms, "
           f"{cal.comm.busbw_gbit:.2f} Gbit/s, contention {cal.profile.contention:.2f})")
+    if "link_fit" in cal.fit:  # calibrations before it name neither
+        ring = cal.fit["link_fit"]
+        print(f"link: {cal.fit['link']}, {cal.fit['samples']} samples; their ring fit: alpha {ring['alpha_ms']:.3f} ms, "
+              f"{ring['gbit_per_s']:.2f} Gbit/s, R^2 {ring['r2']:.4f}, error median "
+              f"{ring['median_abs_pct_error']:.1f}% / worst {ring['worst_abs_pct_error']:.1f}%; alpha above is the "
+              f"per-call cost inside backward")
     if ns.cluster:
         print("simulated from stated assumptions, not measured; sources:\n  - " + "\n  - ".join(cal.meta["sources"]))
     return 0

@@ -51,3 +51,14 @@ def run_allreduce_point(ctx: RankContext, cfg: AllreduceConfig) -> list[dict]:
             algbw_gbps=algbw, busbw_gbps=algbw * bus_factor(ctx.world_size),
         ))
     return rows
+
+
+def call_samples(rows) -> list[tuple[int, float, float]]:
+    """This microbenchmark's rows (a frame of one backend) as ``(world_size, bytes per call, ms per call)``, the
+    median per (world size, total, call size) over ranks and iterations: what a ring alpha-beta fit takes. The
+    last call of a split is shorter (10M-parameter calls of 25.6M: 10, 10, 5.6M), and a call's cost is affine in its
+    size, so the mean call costs the mean."""
+    calls = rows[rows["world_size"] > 1].groupby(["world_size", "total_params", "params_per_call"])[
+        ["call_ms", "total_bytes", "num_calls"]].median()
+    return [(int(n), float(row.total_bytes / row.num_calls), float(row.call_ms))
+            for (n, _, _), row in calls.iterrows()]

@@ -50,15 +50,16 @@ from harness.runner import run_training_point, run_training_points
 MAX_ERROR_CHARS = 8000
 
 
-def run_point(cfg: PointConfig, deadline_s: float | None = None, fn=None) -> list[dict]:
+def run_point(cfg: PointConfig, deadline_s: float | None = None, fn=None, fn_args: tuple = ()) -> list[dict]:
     """Validate one point, check the machine for it, launch its ranks and return their rows (all ranks).
-    ``fn(ctx, cfg)`` (a module-level function returning a list of row dicts) replaces the point type's own
-    rank function: a probe then runs on exactly the ranks, threads and network the point would measure on."""
+    ``fn(ctx, cfg, *fn_args)`` (a module-level function returning a list of row dicts; ``fn_args`` travel as JSON)
+    replaces the point type's own rank function: a probe then runs on exactly the ranks, threads and network the
+    point would measure on."""
     with refusing():
         cfg = validate(cfg)
         preflight([cfg])
     with contextlib.ExitStack() as pools:
-        return _measure([cfg], deadline_s, _Pools(pools), fn)[0]
+        return _measure([cfg], deadline_s, _Pools(pools), fn, fn_args)[0]
 
 
 def memory_bytes() -> tuple[float, float]:
@@ -108,7 +109,8 @@ class _Pools(dict):
         return self[key]
 
 
-def _measure(cfgs: list[PointConfig], deadline_s: float | None, pools: _Pools, fn=None) -> list[list[dict]]:
+def _measure(cfgs: list[PointConfig], deadline_s: float | None, pools: _Pools, fn=None,
+             fn_args: tuple = ()) -> list[list[dict]]:
     """Run validated points on their pool's ranks (behind an emulated link where their ``net`` asks) and return
     each point's rows (all ranks) with the config columns and the network that was used: one point by its type's
     rank function (or ``fn``), several in one task by :func:`harness.runner.run_training_points`."""
@@ -117,7 +119,7 @@ def _measure(cfgs: list[PointConfig], deadline_s: float | None, pools: _Pools, f
               AllreduceConfig: run_allreduce_point}[type(cfgs[0])]
     cfg = cfgs[0]
     rate_mbit, auto_backward_ms = autorate.point_rate(cfg)  # None = plain loopback; auto is measured (cached)
-    task, args = (fn, (cfg,)) if fn else (run_training_points, (cfgs,))
+    task, args = (fn, (cfg, *fn_args)) if fn else (run_training_points, (cfgs,))
     deadline_s = deadline_s and deadline_s * len(cfgs)
     if in_place():
         per_rank = launch(task, cfg.world_size, cfg.backend, args=args, timeout_s=cfg.timeout_s,

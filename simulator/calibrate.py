@@ -11,8 +11,11 @@ training):
   the compute-only halves of the contention pairs, so that they span the probe; each one right after an
   iteration of DDP itself at the point's settings (a second replica), so that compute is timed beside training as
   the points then run it (kept for the record: DDP's own phases, and compute alone before any DDP iteration);
-* communication: allreduces of 4 KiB up to the gradient's size (at most 128 MiB) on the point's link, fitted
-  to the ring alpha-beta model (:func:`fit_link`) for the cost per byte;
+* communication: the allreduce microbenchmark of ``make fig2`` (:func:`harness.collectives.run_allreduce_point`),
+  one call per iteration of 4 KiB up to the gradient's size (at most 128 MiB) on the point's link, fitted to the
+  ring alpha-beta model (:func:`fit_link`) for the cost per byte; where ``make fig2`` has stored calls on this very
+  link (same backend, ranks, host, torch and link rate, :func:`stored_link`), those are fitted instead and the
+  probe skips its own;
 * latency: backward passes that launch one allreduce per gradient, of its size, as it becomes ready (DDP's
   calls at cap 0, without DDP); the per-call cost is the one with which the simulator, given the link's cost
   per byte, reproduces when the last call finished (:func:`latency_from_calls`);
@@ -39,10 +42,11 @@ import numpy as np
 import torch
 import torch.distributed as dist
 
-from harness import TrainConfig, run_point
-from harness.config import config_columns
+from harness import AllreduceConfig, TrainConfig, autorate, run_point
+from harness.collectives import call_samples, run_allreduce_point
+from harness.config import config_columns, validate
 from harness.models import compute_loss, input_spec, make_inputs, seeded_model
-from harness.results import git_commit
+from harness.results import git_commit, load_results
 from harness.runner import build_trainer, machine_metadata, timed_iteration
 
 from .comm import AlphaBeta, Fit, concurrent_calls, fit_ring
@@ -61,6 +65,9 @@ LATENCY_ITERS = 3  # backward passes with one allreduce per gradient (after one 
 CONTENTION_PAIRS = 3  # (backward alone, backward under an allreduce) pairs
 PROBE_CALLS = 3  # timed calls per size, after one warm-up call (2 for calls of 32 MiB and more)
 MAX_COVER_BYTES = 512 * 1024 * 1024  # the contention probe's allreduce never allocates more
+STORED_LINK_LARGEST = 64 * MIB  # stored calls stand in for the probe's if their largest is min(gradient, this): an
+#                                 emulated link's burst passes small calls fast, so the rate must come from large ones
+STORED_LINK_RATE_TOLERANCE = 0.01  # ... and they ran on a link rate within 1% of the point's
 DDP_PHASES = ("forward_ms", "backward_ms", "optimizer_ms", "total_ms")
 
 
@@ -120,17 +127,45 @@ def _median(values) -> float:
     return float(statistics.median(values))
 
 
-def _timed_allreduce(buf: torch.Tensor, ctx) -> float:
-    dist.barrier(group=ctx.group)
-    t0 = time.perf_counter()
-    dist.all_reduce(buf, group=ctx.group)
-    ctx.synchronize()
-    return (time.perf_counter() - t0) * 1e3
+@dataclass(frozen=True)
+class StoredLink:
+    """``make fig2``'s calls on one link, as fit samples, and where they came from."""
+
+    samples: tuple[tuple[int, float, float], ...]
+    source: str
 
 
-def probe_rank(ctx, cfg: TrainConfig, full: bool = True) -> list[dict]:
-    """One rank's probe (a ``run_point`` fn): compute, then the link, then calls inside backward, then compute
-    under communication; with ``full=False`` (:func:`compute_rank`) only the compute after DDP's iterations."""
+def stored_link(cfg: TrainConfig, root=None) -> StoredLink | None:
+    """The calls ``make fig2`` stored (``results/fig2``) on ``cfg``'s link: the same backend, ranks, emulated
+    hosts, threads per rank, host and torch, and a link rate within ``STORED_LINK_RATE_TOLERANCE`` of the one
+    the point gets now (``net=auto`` measures it, and the probe then reuses that rate); None if there are none, or
+    only one call size. The link's cost does not drift with the host's compute speed, so any such run will do."""
+    cfg = validate(cfg)
+    df = load_results("fig2", root)
+    if cfg.world_size < 2 or df.empty or "call_ms" not in df:
+        return None
+    rate, _ = autorate.point_rate(cfg)
+    host = machine_metadata()
+    ok = df[(df["point_type"] == "AllreduceConfig") & (df["error"].fillna("") == "") & (df["backend"] == cfg.backend)
+            & (df["world_size"] == cfg.world_size) & (df["hosts"] == cfg.hosts)
+            & (df["threads_per_rank"] == cfg.threads_per_rank) & (df["hostname"] == host["hostname"])
+            & (df["torch_version"] == host["torch_version"])]
+    stored_rate = ok["net_rate_mbit"].astype(float)
+    ok = ok[stored_rate.isna()] if rate is None else \
+        ok[((stored_rate - rate).abs() <= STORED_LINK_RATE_TOLERANCE * rate).fillna(False)]
+    samples = call_samples(ok)
+    if len({n for _, n, _ in samples}) < 2:
+        return None
+    link = "loopback" if rate is None else f"{ok['net_rate_mbit'].median():.0f} Mbit/s"
+    return StoredLink(tuple(samples), f"make fig2's stored calls ({len(ok['point_id'].unique())} points on {link}, "
+                                     f"{ok['started_at'].min()} to {ok['started_at'].max()})")
+
+
+def probe_rank(ctx, cfg: TrainConfig, full: bool = True, link: tuple = ()) -> list[dict]:
+    """One rank's probe (a ``run_point`` fn): compute, then the link (the given ``link`` samples instead, from
+    :func:`stored_link`, where its calls reach the sizes the probe's would), then calls inside backward, then
+    compute under communication; with ``full=False`` (:func:`compute_rank`) only the compute after DDP's
+    iterations."""
     model = seeded_model(cfg.model, cfg.seed).to(ctx.device)
     inputs = make_inputs(cfg.model, input_spec(cfg.model, cfg.profile, cfg.batch_size), ctx.device,
                          seed=cfg.seed * 1000 + ctx.rank)
@@ -189,14 +224,17 @@ def probe_rank(ctx, cfg: TrainConfig, full: bool = True) -> list[dict]:
     rest = [iteration() for _ in range(cfg.warmup + cfg.iters)][cfg.warmup:] if full else []  # before any DDP
     runs = [after_ddp() for _ in range(cfg.warmup + cfg.iters)][cfg.warmup:]  # compute alone, after DDP
     samples, calls_done, contention_pairs, comm_contention = [], math.nan, [], 0.0
+    stored = False  # whether the link's samples are make fig2's (given as ``link``) rather than measured here
     if full:  # a refresh (compute_rank) re-times only the compute above
         grad_bytes = sum(p.numel() * p.element_size() for p in params)
-        for nbytes in [n for n in PROBE_SIZES if n < 2 * grad_bytes] or PROBE_SIZES[:2]:  # ... the largest bucket
-            buf = torch.zeros(nbytes // 4, dtype=torch.float32, device=ctx.device)
-            calls = PROBE_CALLS if nbytes < 32 * MIB else 2
-            times = [_timed_allreduce(buf, ctx) for _ in range(calls + 1)][1:]
-            samples += [(ctx.world_size, nbytes, ms) for ms in times]
-            del buf
+        stored = max((n for _, n, _ in link), default=0) >= min(grad_bytes, STORED_LINK_LARGEST)
+        samples = list(link) if stored else []
+        sizes = [] if stored else [n for n in PROBE_SIZES if n < 2 * grad_bytes] or PROBE_SIZES[:2]  # largest bucket
+        for nbytes in sizes:  # fig2's microbenchmark, one call of nbytes per iteration, after one warm-up call
+            n = nbytes // 4
+            calls = AllreduceConfig(backend=ctx.backend, world_size=ctx.world_size, total_params=n,
+                                    params_per_call=n, iters=PROBE_CALLS if nbytes < 32 * MIB else 2, warmup=1)
+            samples += [(ctx.world_size, r["total_bytes"], r["call_ms"]) for r in run_allreduce_point(ctx, calls)]
         comm = fit_link(samples).model if ctx.world_size > 1 else AlphaBeta(0.0, 0.0)
 
         if ctx.world_size > 1:
@@ -240,7 +278,7 @@ def probe_rank(ctx, cfg: TrainConfig, full: bool = True) -> list[dict]:
     return [dict(rank=ctx.rank, backend=ctx.backend, forward_ms=forward, backward_ms=backward, optimizer_ms=opt,
                  ready_ms=ready, param_bytes=[p.numel() * p.element_size() for p in params],
                  contention_pairs=contention_pairs, comm_contention=comm_contention, calls_done_ms=calls_done,
-                 comm_samples=samples,
+                 comm_samples=samples, link="stored" if stored else "probed",
                  copy_ms_per_byte=_median(copy_ms[1:]) / (grads.numel() * grads.itemsize),
                  buffer_bytes=sum(b.numel() * b.element_size() for b in model.buffers()),
                  # DDP's first iteration runs on the first bucket layout, the second rebuilds it in its forward
@@ -316,24 +354,33 @@ def _copy_and_ddp(rows) -> dict:
                 ddp={k: max(r["ddp"][k] for r in rows) for k in rows[0]["ddp"]})
 
 
-def calibrate(cfg: TrainConfig) -> Calibration:
-    """Probe ``cfg``'s ranks and network now (its ``iters``/``warmup`` set the compute iterations)."""
-    rows = run_point(cfg, fn=probe_rank)
+def calibrate(cfg: TrainConfig, root=None) -> Calibration:
+    """Probe ``cfg``'s ranks and network now (its ``iters``/``warmup`` set the compute iterations), the link's
+    cost per byte from ``make fig2``'s stored calls on the same link where ``root``'s results hold them."""
+    link = stored_link(cfg, root)
+    rows = run_point(cfg, fn=probe_rank, fn_args=(True, link.samples if link else ()))
     profile = ComputeProfile(param_bytes=tuple(rows[0]["param_bytes"]), **_slowest_compute(rows),
                              contention=slowest_rank_contention([r["contention_pairs"] for r in rows]),
                              comm_contention=_median(r["comm_contention"] for r in rows))
     samples = [tuple(s) for s in rows[0]["comm_samples"]]
-    fit, calls_done = None, _median(r["calls_done_ms"] for r in rows)
+    fit, ring, calls_done = None, None, _median(r["calls_done_ms"] for r in rows)
     if cfg.world_size > 1:  # the bytes' cost from the link's calls, the per-call cost from the calls in backward
-        beta = fit_link(samples).model.beta_ms_per_byte
+        ring = fit_link(samples)
+        beta = ring.model.beta_ms_per_byte
         alpha = latency_from_calls(profile, calls_done, cfg.world_size, concurrent_calls(rows[0]["backend"]), beta)
         fit = fit_link(samples, alpha_ms=alpha)
     point = {**config_columns(cfg), "net_rate_mbit": rows[0].get("net_rate_mbit"), "process_group": rows[0]["backend"]}
     now = datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")
     meta = dict(version=VERSION, created_at=now, git_commit=git_commit(), **machine_metadata())
-    quality = {} if fit is None else dict(r2=fit.r2, median_abs_pct_error=fit.median_abs_pct_error,
-                                          worst_abs_pct_error=fit.worst_abs_pct_error, samples=fit.n,
-                                          calls_done_ms=calls_done)  # what alpha reproduces: kept to re-derive it
+    source = link.source if rows[0]["link"] == "stored" else "probed now: make fig2's allreduce microbenchmark"
+    quality = {} if fit is None else dict(
+        link=source, samples=fit.n,
+        # the link's own ring fit (alpha from its small calls), as make fig2 reports it
+        link_fit=dict(alpha_ms=ring.model.alpha_ms, gbit_per_s=ring.model.busbw_gbit, r2=ring.r2,
+                      median_abs_pct_error=ring.median_abs_pct_error, worst_abs_pct_error=ring.worst_abs_pct_error),
+        # the model used (alpha from the calls inside backward) against the same calls
+        r2=fit.r2, median_abs_pct_error=fit.median_abs_pct_error, worst_abs_pct_error=fit.worst_abs_pct_error,
+        calls_done_ms=calls_done)  # what alpha reproduces: kept to re-derive it
     return Calibration(profile=profile, comm=fit.model if fit else AlphaBeta(0.0, 0.0), **_copy_and_ddp(rows),
                        buffer_bytes=int(rows[0]["buffer_bytes"]), point=point, fit=quality, meta=meta,
                        rest={k: max(r["rest"][k] for r in rows) for k in rows[0]["rest"]})

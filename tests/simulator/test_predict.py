@@ -129,7 +129,7 @@ def test_a_stored_full_probe_is_refreshed_within_a_day_and_redone_after(tmp_path
 
     cfg = validate(TrainConfig(model="small", world_size=2, net="1gbit"))
     done = []
-    monkeypatch.setattr(calibrate_module, "calibrate", lambda c: done.append("full") or _calibration())
+    monkeypatch.setattr(calibrate_module, "calibrate", lambda c, root: done.append("full") or _calibration())
     monkeypatch.setattr(calibrate_module, "refresh", lambda cal, c: done.append("refresh") or cal)
 
     def stored(hours_ago, **meta):
@@ -152,3 +152,28 @@ def test_a_stored_full_probe_is_refreshed_within_a_day_and_redone_after(tmp_path
     assert probe() == "full"
     stored(1, created_at="not a time")
     assert probe() == "full"
+
+
+def test_the_link_comes_from_make_fig2s_stored_calls_on_the_same_link(tmp_path):
+    from harness.results import load_results
+    from harness.collectives import call_samples
+    from simulator.calibrate import fit_link
+
+    fig2 = subprocess.run([sys.executable, "-m", "experiments", "fig2", "--net=loopback", "--backends=gloo",
+                           "--total_params=600000", "--params_per_call=60000,600000", "--compute_model=small",
+                           "--iters=2", "--warmup=1", "--repeats=1"], cwd=tmp_path, capture_output=True, text=True,
+                          timeout=600, env={"PYTHONPATH": str(REPO), "PATH": "/usr/bin:/bin",
+                                            "DDP_REPRO_RESULTS": str(tmp_path / "results"), "MPLBACKEND": "Agg"})
+    assert fig2.returncode == 0, fig2.stderr
+    done = _predict("--model=small", "--net=loopback", "--json", cwd=tmp_path)
+    assert done.returncode == 0, done.stderr
+    cal = Calibration.load(json.loads(done.stdout.strip().splitlines()[-1])["calibration"])
+    assert cal.fit["link"].startswith("make fig2's stored calls (2 points on loopback")
+    stored = call_samples(load_results("fig2", tmp_path / "results").query("point_type == 'AllreduceConfig'"))
+    assert cal.fit["samples"] == len(stored) == 2  # fig2's two call sizes, nothing the probe timed itself
+    assert cal.comm.beta_ms_per_byte == pytest.approx(fit_link(stored).model.beta_ms_per_byte)
+    # at 3 ranks fig2 stored nothing: the probe runs the microbenchmark itself (six sizes, three calls each)
+    three = _predict("--model=small", "--net=loopback", "--world_size=3", "--json", cwd=tmp_path)
+    assert three.returncode == 0, three.stderr
+    cal3 = Calibration.load(json.loads(three.stdout.strip().splitlines()[-1])["calibration"])
+    assert cal3.fit["link"].startswith("probed now") and cal3.fit["samples"] > 2
