@@ -41,6 +41,17 @@ from .comm_hooks import GradBucket
 from .process_groups import RoundRobinProcessGroup
 from .timing import IterationTiming
 
+def hook_accumulators(params: Sequence[torch.Tensor], make_hook: Callable[[int], Callable]) -> tuple[list, list]:
+    """``make_hook(i)`` on parameter i's gradient accumulator, as torch's reducer hooks it: it runs once the incoming
+    gradient is accumulated and freed, the moment DDP's buckets see a gradient ready. A post-accumulate-grad hook on
+    the parameter runs while that temporary is alive, which left glibc trimming and re-faulting the heap under
+    BERT-base's 9 MiB gradients (BENCHMARKS.md, "Ninth precision run"). Returns (accumulators, handles): hold the
+    accumulators, or autograd builds new ones and the hooks never run."""
+    with torch.enable_grad():
+        accumulators = [get_gradient_edge(p).node for p in params]
+    return accumulators, [acc.register_hook(make_hook(i)) for i, acc in enumerate(accumulators)]
+
+
 class Reducer:
     def __init__(self, params: Sequence[torch.nn.Parameter], names: Sequence[str], group, world_size: int,
                  cap_bytes: int | list[int], first_cap_bytes: int, overlap: bool, find_unused_parameters: bool,
@@ -83,13 +94,7 @@ class Reducer:
         self._local_unused = False
         self._warned_create_graph = False
         self._finalize_inline = False
-        # Hooks on each parameter's gradient accumulator, held here so autograd reuses it (as torch's reducer): they
-        # run once the incoming gradient is accumulated and freed. A post-accumulate-grad hook on the parameter runs
-        # while that temporary is alive, which left glibc trimming and re-faulting the heap under BERT-base's 9 MiB
-        # gradients (BENCHMARKS.md, "Ninth precision run").
-        with torch.enable_grad():
-            self._accumulators = [get_gradient_edge(p).node for p in self.params]
-        self._hook_handles = [acc.register_hook(self._make_hook(i)) for i, acc in enumerate(self._accumulators)]
+        self._accumulators, self._hook_handles = hook_accumulators(self.params, self._make_hook)
 
     # ---- bucket storage -------------------------------------------------------------------------------
     def _build(self, buckets: list[Bucket]) -> None:

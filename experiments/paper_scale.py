@@ -111,8 +111,9 @@ def caption(cluster) -> str:
         return ""
     c = named(cluster)
     return (f". Shaded panels are simulated, not measured: {c.name} ({c.description}; {c.device.name} at "
-            f"{c.device.sustained_tflops:g} TFLOP/s sustained), paper-profile batches; numbers and sources in "
-            "simulator/clusters.py, trust in BENCHMARKS.md (Simulator)")
+            f"{c.device.sustained_tflops:g} TFLOP/s sustained), paper-profile batches, compute scaled to the "
+            "paper's NCCL overlap speedups; numbers and sources in simulator/clusters.py, trust in BENCHMARKS.md "
+            "(Simulator)")
 
 
 def claims_at_scale(cluster=DEFAULT_CLUSTER, models=("resnet50", "bert-base")) -> list[str]:

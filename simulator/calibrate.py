@@ -7,7 +7,7 @@ emulated link the point would be measured on, and measures on every rank at once
 training):
 
 * compute: iterations without DDP: forward, backward, optimizer step, and each parameter's gradient-ready time
-  (post-accumulate-grad hooks), the order and timing DDP's buckets follow; medians over the first iterations and
+  (ddp_impl's hook on each gradient accumulator), the order and timing DDP's buckets follow; medians over the first iterations and
   the compute-only halves of the contention pairs, so that they span the probe; each one right after an
   iteration of DDP itself at the point's settings (a second replica), so that compute is timed beside training as
   the points then run it (kept for the record: DDP's own phases, and compute alone before any DDP iteration);
@@ -42,6 +42,7 @@ import numpy as np
 import torch
 import torch.distributed as dist
 
+from ddp_impl.reducer import hook_accumulators
 from harness import AllreduceConfig, TrainConfig, autorate, run_point
 from harness.collectives import call_samples, run_allreduce_point
 from harness.config import config_columns, validate
@@ -182,8 +183,7 @@ def probe_rank(ctx, cfg: TrainConfig, full: bool = True, link: tuple = ()) -> li
             work.get_future().add_done_callback(lambda _f: done.append(time.perf_counter()))
             stream["calls"].append(work)
 
-    for i, p in enumerate(params):
-        p.register_post_accumulate_grad_hook(lambda _p, i=i: on_ready(i))
+    accumulators, _ = hook_accumulators(params, lambda i: lambda *_: on_ready(i))  # DDP's own signal; held here
     optimizer = torch.optim.SGD(params, lr=cfg.lr)
     trainer = None  # DDP at the point's settings on a second replica: compute is timed right after its iterations
     if ctx.world_size > 1:

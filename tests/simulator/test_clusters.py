@@ -89,3 +89,22 @@ def test_predict_command_speaks_for_a_named_cluster():
 def test_stored_flop_profiles_are_what_counting_gives_with_this_torch():
     assert f"resnet50 torch {torch.__version__}" in STORED_FLOPS.read_text()  # else: store_flop_profiles()
     assert flop_profile("resnet50") == count_flops("resnet50")
+
+
+def test_the_v100_clusters_factors_are_what_fitting_the_papers_overlap_speedups_gives():
+    from simulator.clusters import (GLOO_SCALE, PAPER_OVERLAP_SPEEDUP, V100_COMPUTE_SCALE, fit_to_paper,
+                                    overlap_speedup)
+
+    scale, gloo = fit_to_paper()
+    assert scale == pytest.approx(V100_COMPUTE_SCALE, rel=0.01) and gloo == pytest.approx(GLOO_SCALE, rel=0.01)
+    for (model, backend), paper in PAPER_OVERLAP_SPEEDUP.items():
+        got = overlap_speedup("paper-v100", model, backend)
+        # NCCL's are fitted (one compute factor per model); Gloo's two share one rate factor: close, not equal
+        assert got == pytest.approx(paper, abs=0.2 if backend == "nccl" else 2.0)
+    # the factor scales the FLOP-counted compute (ResNet50 faster than 9.1 TFLOP/s implies), not the optimizer
+    fp, c = flop_profile("resnet50"), CLUSTERS["paper-v100"]
+    cal = cluster_calibration(c, "resnet50", "nccl", 8)
+    assert cal.profile.backward_ms == pytest.approx(fp.backward_flops * V100_COMPUTE_SCALE["resnet50"]
+                                                    / (c.device.sustained_tflops * 1e9))
+    assert cal.profile.optimizer_ms == pytest.approx(cluster_calibration(c, "small", "nccl", 8).profile.optimizer_ms
+                                                     * sum(fp.param_bytes) / sum(flop_profile("small").param_bytes))
