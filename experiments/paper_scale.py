@@ -75,15 +75,11 @@ def draw_scaling(ax, cluster: str, model: str, bucket_cap_mb: float) -> None:
     _style(ax, f"{cluster}, {model}")
 
 
-def overlap_speedup(cluster, model: str, backend: str, gpus: int, bucket_cap_mb: float) -> float:
-    on, off = (predict(cluster, model, backend, gpus, bucket_cap_mb, overlap)["predicted_ms"]
-               for overlap in (True, False))
-    return common.speedup_pct(off, on)
-
-
 def draw_overlap(ax, cluster: str, models, gpus: int, bucket_cap_mb: float, colors) -> None:
     """Stacked predicted phases (forward, backward compute, exposed communication, optimizer) per model, backend
     and overlap on/off, hatched as simulated."""
+    from simulator.clusters import overlap_speedup
+
     bars = [(m, b, ov) for m in models for b in BACKENDS for ov in (False, True)]
     parts = ("forward_ms", "backward_compute_ms", "exposed_comm_ms", "optimizer_ms")
     bottom = [0.0] * len(bars)
@@ -118,6 +114,8 @@ def caption(cluster) -> str:
 
 def claims_at_scale(cluster=DEFAULT_CLUSTER, models=("resnet50", "bert-base")) -> list[str]:
     """The paper's claims as the simulation answers them at the paper's world sizes (REPRODUCTION.md)."""
+    from simulator.clusters import overlap_speedup
+
     caps = (0, 1, 5, 10, 25, 50, 100, 1000)
     lines = []
     for model in models:

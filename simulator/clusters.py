@@ -250,8 +250,9 @@ def fit_to_paper(network_gbit: float = 100.0) -> tuple[dict[str, float], float]:
 
     scale = {}
     for model in sorted({m for m, _ in PAPER_OVERLAP_SPEEDUP}):
-        miss = lambda f: overlap_speedup(cluster_with({model: f}, 1.0), model, "nccl") - \
-            PAPER_OVERLAP_SPEEDUP[model, "nccl"]  # noqa: E731
+        def miss(f: float, model: str = model) -> float:
+            return overlap_speedup(cluster_with({model: f}, 1.0), model, "nccl") - PAPER_OVERLAP_SPEEDUP[model, "nccl"]
+
         scale[model] = _root_nearest_one(miss)
 
     def sse(gloo: float) -> float:
