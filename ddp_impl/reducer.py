@@ -41,6 +41,7 @@ from .comm_hooks import GradBucket
 from .process_groups import RoundRobinProcessGroup
 from .timing import IterationTiming
 
+
 def hook_accumulators(params: Sequence[torch.Tensor], make_hook: Callable[[int], Callable]) -> tuple[list, list]:
     """``make_hook(i)`` on parameter i's gradient accumulator, as torch's reducer hooks it: it runs once the incoming
     gradient is accumulated and freed, the moment DDP's buckets see a gradient ready. A post-accumulate-grad hook on

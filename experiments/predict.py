@@ -147,8 +147,8 @@ def _main(argv: list[str] | None) -> int:
           f"{cal.comm.busbw_gbit:.2f} Gbit/s, contention {cal.profile.contention:.2f})")
     if "link_fit" in cal.fit:  # calibrations before it name neither
         ring = cal.fit["link_fit"]
-        print(f"link: {cal.fit['link']}, {cal.fit['samples']} samples; their ring fit: alpha {ring['alpha_ms']:.3f} ms, "
-              f"{ring['gbit_per_s']:.2f} Gbit/s, R^2 {ring['r2']:.4f}, error median "
+        print(f"link: {cal.fit['link']}, {cal.fit['samples']} samples; their ring fit: alpha "
+              f"{ring['alpha_ms']:.3f} ms, {ring['gbit_per_s']:.2f} Gbit/s, R^2 {ring['r2']:.4f}, error median "
               f"{ring['median_abs_pct_error']:.1f}% / worst {ring['worst_abs_pct_error']:.1f}%; alpha above is the "
               f"per-call cost inside backward")
     if ns.cluster:
