@@ -143,8 +143,8 @@ def stored_link(cfg: TrainConfig, root=None) -> StoredLink | None:
     the point gets now (``net=auto`` measures it, and the probe then reuses that rate); None if there are none, or
     only one call size. The link's cost does not drift with the host's compute speed, so any such run will do."""
     cfg = validate(cfg)
-    df = load_results("fig2", root)
-    if cfg.world_size < 2 or df.empty or "call_ms" not in df:
+    df = load_results("fig2", root) if cfg.world_size > 1 else None
+    if df is None or df.empty or "call_ms" not in df:
         return None
     rate, _ = autorate.point_rate(cfg)
     host = machine_metadata()
@@ -230,7 +230,8 @@ def probe_rank(ctx, cfg: TrainConfig, full: bool = True, link: tuple = ()) -> li
         grad_bytes = sum(p.numel() * p.element_size() for p in params)
         stored = max((n for _, n, _ in link), default=0) >= min(grad_bytes, STORED_LINK_LARGEST)
         samples = list(link) if stored else []
-        sizes = [] if stored else [n for n in PROBE_SIZES if n < 2 * grad_bytes] or PROBE_SIZES[:2]  # largest bucket
+        # measured here: sizes up to the largest bucket DDP could send
+        sizes = [] if stored else ([n for n in PROBE_SIZES if n < 2 * grad_bytes] or PROBE_SIZES[:2])
         for nbytes in sizes:  # fig2's microbenchmark, one call of nbytes per iteration, after one warm-up call
             n = nbytes // 4
             calls = AllreduceConfig(backend=ctx.backend, world_size=ctx.world_size, total_params=n,
