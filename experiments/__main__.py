@@ -12,18 +12,23 @@ Under torchrun every rank runs the sweep in place and rank 0 stores and plots (s
 """
 from __future__ import annotations
 
-import argparse
+import dataclasses
+import difflib
 import sys
 
+from experiments.common import left_out_backends
 from experiments.registry import draw, draw_claims, drivers, report, save_config
 from harness import add_dataclass_arguments, dataclass_from_namespace, run_sweep
+from harness.config import OneLineParser
 from harness.env import is_writer
 from harness.errors import ConfigError, command_line, refusing
 
+COMMANDS = ("list", "plots", "report", "claims", "predict")
+
 
 def run_figure(driver, argv: list[str]) -> int:
-    parser = argparse.ArgumentParser(prog=f"python -m experiments {driver.FIGURE}",
-                                     description=(driver.__doc__ or "").split("\n\n")[0])
+    parser = OneLineParser(prog=f"python -m experiments {driver.FIGURE}",
+                           description=(driver.__doc__ or "").split("\n\n")[0])
     add_dataclass_arguments(parser, driver.Config)
     parser.add_argument("--dry-run", action="store_true", help="list the points, run nothing")
     parser.add_argument("--retry-errors", action="store_true", help="rerun points stored with an error")
@@ -31,7 +36,13 @@ def run_figure(driver, argv: list[str]) -> int:
     ns = parser.parse_args(argv)
     with refusing():
         cfg = dataclass_from_namespace(driver.Config, ns)
+        left_out = left_out_backends(cfg) if not ns.plot_only else {}
         points = driver.points(cfg)
+        if not points and not ns.plot_only:
+            raise ValueError(f"these settings give no point to measure ({_empty(cfg)})")
+    if left_out and is_writer():
+        print(f"[{driver.FIGURE}] left out: " + "; ".join(f"{b} ({why})" for b, why in left_out.items()),
+              file=sys.stderr)
     if not ns.plot_only:
         run_sweep(driver.FIGURE, points, dry_run=ns.dry_run, retry_errors=ns.retry_errors,
                   order_seed=getattr(cfg, "order_seed", 0))
@@ -57,32 +68,58 @@ def _main(argv: list[str]) -> int:
             print(f"  {name:6s} {(module.__doc__ or '').strip().splitlines()[0]}")
         return 0
     command, rest = argv[0], argv[1:]
-    if command == "report":
-        for name in _known(rest or found, found):
-            print(report(found[name]))
-        return 0
     if command == "predict":
         from experiments.predict import main as predict
 
         return predict(rest)
+    if command in ("report", "plots", "claims"):
+        return _stored(command, rest, found)
+    if command not in found:
+        raise ConfigError(f"unknown figure {command!r}; choose one of {', '.join(found)} (or `list`, `plots`, "
+                          f"`report`, `claims`, `predict`){_suggest(command, [*found, *COMMANDS])}")
+    return run_figure(found[command], rest)
+
+
+def _stored(command: str, argv: list[str], found: dict) -> int:
+    """``plots``, ``report`` and ``claims``: read stored results, run nothing."""
+    what = {"plots": "redraw figures from the stored CSVs, no runs",
+            "report": "markdown: per figure, the paper's claim beside what was measured",
+            "claims": "one chart of every measured number beside the paper's (results/figures/claims.png)"}[command]
+    parser = OneLineParser(prog=f"python -m experiments {command}", description=what)
+    if command != "claims":
+        parser.add_argument("figures", nargs="*", metavar="FIGURE",
+                            help=f"one or more of {', '.join(found)} (default: all of them)")
+    ns = parser.parse_args(argv)
     if command == "claims":
         draw_claims()
         return 0
-    if command == "plots":
-        for name in _known(rest or found, found):
+    for name in _known(ns.figures or list(found), found):
+        if command == "report":
+            print(report(found[name]))
+        else:
             draw(found[name])
-        return 0
-    if command not in found:
-        raise ConfigError(f"unknown figure {command!r}; choose one of {', '.join(found)} (or `list`, `plots`, "
-                          "`report`, `claims`, `predict`)")
-    return run_figure(found[command], rest)
+    return 0
 
 
 def _known(names, found: dict) -> list[str]:
     unknown = [n for n in names if n not in found]
     if unknown:
-        raise ConfigError(f"unknown figure {unknown[0]!r}; choose one of {', '.join(found)}")
+        raise ConfigError(f"unknown figure {unknown[0]!r}; choose one of {', '.join(found)}"
+                          f"{_suggest(unknown[0], found)}")
     return list(names)
+
+
+def _suggest(name: str, known) -> str:
+    close = difflib.get_close_matches(name, list(known), n=1, cutoff=0.6)
+    return f"; did you mean {close[0]}?" if close else ""
+
+
+def _empty(cfg) -> str:
+    """Which settings of a Config left its sweep empty, for the refusal."""
+    empty = [f"{f.name} is empty" for f in dataclasses.fields(cfg) if getattr(cfg, f.name) == ()]
+    if getattr(cfg, "repeats", 1) < 1:
+        empty.append(f"repeats={cfg.repeats}: give at least 1")
+    return "; ".join(empty) or "see --dry-run"
 
 
 if __name__ == "__main__":

@@ -84,16 +84,33 @@ def mpi_available() -> bool:
 def split_backends(backends, world_size: int) -> tuple[list[str], dict[str, str]]:
     """The requested backends this machine can run at ``world_size``, and why the others cannot."""
     usable, unavailable = [], {}
-    gpus = cuda_gpus()
+    gpus, local = cuda_gpus(), env.ranks_on_this_node(world_size)
     for b in backends:
-        if b == "nccl" and gpus < world_size:
-            unavailable[b] = (f"NCCL unavailable here: {gpus} CUDA GPU(s) for {world_size} ranks"
+        if b == "nccl" and gpus < local:
+            unavailable[b] = (f"NCCL unavailable here: {gpus} CUDA GPU(s) for {local} ranks"
                               " (run on a GPU machine or cluster)")
         elif b == "mpi" and not mpi_available():
             unavailable[b] = "MPI unavailable here: this torch build has no MPI (torch.distributed.is_mpi_available())"
         else:
             usable.append(b)
     return usable, unavailable
+
+
+def left_out_backends(cfg) -> dict[str, str]:
+    """The backends of ``cfg.backends`` that this machine cannot run at one of the Config's world sizes (or more),
+    and why; a ValueError naming why if it can run none of them at any, since the sweep would then be empty."""
+    requested = tuple(getattr(cfg, "backends", ()))
+    sizes = tuple(getattr(cfg, "world_sizes", ())) or (getattr(cfg, "world_size", 1),)
+    usable, left_out = set(), {}
+    for ws in sizes:
+        runs, unavailable = split_backends(requested, ws)
+        usable.update(runs)
+        for b, why in unavailable.items():
+            left_out.setdefault(b, why)
+    if hasattr(cfg, "backends") and not usable:
+        why = "; ".join(left_out.values()) or "it names none (choose gloo, nccl or mpi)"
+        raise ValueError(f"backends={','.join(requested)!r}: nothing this machine can run: {why}")
+    return left_out
 
 
 def missing_backends(rows: pd.DataFrame, backends, world_size: int) -> dict[str, str]:

@@ -7,12 +7,14 @@
 Per n: the average per-iteration latency (mean over all measured iterations, synchronized or not, so
 communication is amortized over n iterations; median over repetitions with its 95% interval), and apart from
 it the two populations it averages: synchronized iterations (communication) and skipped ones (``no_sync``,
-none). One marker group per world size, no lines drawn between measured points. ``iters`` should be a
-multiple of every n. ``warmup`` counts cycles of n iterations: with the default 2, neither the first synchronized
-iteration (the first bucket layout) nor the next one (whose forward rebuilds the buckets) is measured, at any n.
+none). One marker group per world size, no lines drawn between measured points. ``iters`` must be a
+multiple of every n (refused otherwise). ``warmup`` counts cycles of n iterations: with the default 2, neither
+the first synchronized iteration (the first bucket layout) nor the next one (whose forward rebuilds the buckets)
+is measured, at any n.
 """
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 from experiments import common, verdicts
@@ -37,6 +39,11 @@ class Config(common.ModelSweep):
 
 
 def points(cfg: Config) -> list[TrainConfig]:
+    uneven = [n for n in cfg.sync_every if n > 0 and cfg.iters % n]
+    if uneven:  # else the last cycle is cut short: fewer synchronized iterations than 1 in n, amortized too low
+        every = math.lcm(*(n for n in cfg.sync_every if n > 0))
+        raise ValueError(f"iters={cfg.iters} must be a multiple of every n of sync_every, but not of "
+                         f"{', '.join(map(str, uneven))}: e.g. iters={every * max(1, math.ceil(cfg.iters / every))}")
     return [p for ws in cfg.world_sizes for n in cfg.sync_every
             for p in cfg.train_points(ws, impl=cfg.impl, bucket_cap_mb=cfg.bucket_cap_mb, sync_every=n,
                                       warmup=cfg.warmup * n)]

@@ -10,7 +10,6 @@ be trusted is the simulator's validation error on this machine (BENCHMARKS.md) a
 """
 from __future__ import annotations
 
-import argparse
 import sys
 
 from experiments import common
@@ -139,10 +138,11 @@ def claims_at_scale(cluster=DEFAULT_CLUSTER, models=("resnet50", "bert-base")) -
 
 
 def main(argv=None) -> int:
+    from harness.config import OneLineParser
     from harness.errors import command_line, refusing
 
     def body() -> int:
-        parser = argparse.ArgumentParser(prog="python -m experiments.paper_scale", description=__doc__.split("\n\n")[0])
+        parser = OneLineParser(prog="python -m experiments.paper_scale", description=__doc__.split("\n\n")[0])
         parser.add_argument("--cluster", default=DEFAULT_CLUSTER)
         parser.add_argument("--bandwidth", type=float, default=1.0, help="every link's bandwidth times this")
         ns = parser.parse_args(argv)

@@ -20,7 +20,6 @@ sources; paper-profile batches, ``--net`` and ``--profile`` do not apply, ``--ba
 """
 from __future__ import annotations
 
-import argparse
 import dataclasses
 import datetime
 import json
@@ -29,7 +28,7 @@ import sys
 from pathlib import Path
 
 from harness import TrainConfig, add_dataclass_arguments, dataclass_from_namespace
-from harness.config import validate
+from harness.config import OneLineParser, validate
 from harness.errors import command_line, refusing
 from harness.results import results_root
 
@@ -58,7 +57,7 @@ def calibration_for(cfg: TrainConfig, stored: str = "", root=None, probe: str = 
     from simulator.calibrate import Calibration, calibrate, refresh
 
     if stored:
-        cal = Calibration.load(stored)
+        cal = _load(stored)
         for key in ("model", "profile", "world_size", "backend", "malloc"):
             probed = cal.point.get(key, "default")  # calibrations older than the malloc field: glibc's default
             if probed != getattr(cfg, key):
@@ -79,6 +78,20 @@ def calibration_for(cfg: TrainConfig, stored: str = "", root=None, probe: str = 
     return cal, cal.save(path)
 
 
+def _load(stored: str):
+    """A calibration file given on the command line, or a ValueError saying why it cannot be used."""
+    from simulator.calibrate import Calibration
+
+    try:
+        return Calibration.load(stored)
+    except OSError as exc:
+        raise ValueError(f"calibration {stored!r}: {exc.strerror or exc}; name a file that `predict` stored under "
+                         f"results/{CALIBRATION_DIR}/, or leave out --calibration to probe now") from exc
+    except (KeyError, TypeError, AttributeError, json.JSONDecodeError) as exc:
+        raise ValueError(f"calibration {stored!r} is not a calibration file ({type(exc).__name__}: {exc}); "
+                         "leave out --calibration to probe now") from exc
+
+
 def _hours_since(iso: str) -> float:
     """Hours since an ISO time (UTC if it names no zone); infinite for one that cannot be read."""
     try:
@@ -95,7 +108,7 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def _main(argv: list[str] | None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m experiments predict", description=__doc__.split("\n\n")[0])
+    parser = OneLineParser(prog="python -m experiments predict", description=__doc__.split("\n\n")[0])
     add_dataclass_arguments(parser, TrainConfig)
     parser.set_defaults(model="resnet50")
     parser.add_argument("--calibration", default="", help="a stored calibration file (default: probe now)")

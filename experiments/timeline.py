@@ -23,6 +23,7 @@ from experiments import common
 from harness import TrainConfig, parse_dataclass, run_sweep
 from harness.config import DEFAULT_NET
 from harness.env import is_writer
+from harness.errors import command_line
 from harness.results import results_root
 
 NAME = "timeline"
@@ -104,8 +105,12 @@ def plot(rows: pd.DataFrame, cfg: Config):
 
 
 def main(argv=None) -> int:
-    cfg = parse_dataclass(Config, argv, prog="python -m experiments.timeline")
-    df = run_sweep(NAME, [point(cfg)])
+    prog = "python -m experiments.timeline"
+    return command_line(prog, lambda: run(parse_dataclass(Config, argv, prog=prog)))
+
+
+def run(cfg: Config) -> int:
+    df = run_sweep(NAME, [point(cfg)])  # refuses a bad value, or ranks this machine cannot hold, before any starts
     if not is_writer():
         return 0
     df = common.ok_rows(df, net=cfg.net)

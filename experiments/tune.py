@@ -15,6 +15,7 @@ with its interval. Writes ``results/figures/tune.png``.
 from __future__ import annotations
 
 import dataclasses
+import math
 import sys
 from dataclasses import dataclass
 
@@ -24,6 +25,7 @@ from experiments import common, verdicts
 from harness import TrainConfig, parse_dataclass, run_sweep
 from harness.config import validate
 from harness.errors import command_line, refusing
+from harness.preflight import preflight
 from harness.results import load_results, results_root
 
 EXPERIMENT = "tune"
@@ -45,14 +47,30 @@ class Config:
     warmup: int = 1
 
 
+def check(cfg: Config) -> TrainConfig:
+    """Every setting checked before the probe starts (ValueError naming the first bad one): the probe's point, the
+    caps of both lists, the repetitions, and what the machine must provide. Returns the probe's point."""
+    probe = validate(TrainConfig(model=cfg.model, world_size=cfg.world_size, net=cfg.net, impl="ours",
+                                 iters=cfg.iters, warmup=cfg.warmup))
+    if not cfg.grid_mb:
+        raise ValueError("grid_mb is empty: give the caps to predict, e.g. --grid_mb=0,1,5,25,100")
+    for name, caps in (("grid_mb", cfg.grid_mb), ("measure_mb", cfg.measure_mb)):
+        bad = [c for c in caps if not 0 <= c < math.inf]
+        if bad:
+            raise ValueError(f"{name} {bad[0]} is not a bucket cap: caps are finite numbers of MiB >= 0")
+    if cfg.measure and cfg.repeats < 1:
+        raise ValueError(f"repeats={cfg.repeats}: measuring needs at least 1 repetition (or --measure=false)")
+    preflight([probe])
+    return probe
+
+
 def run(cfg: Config, root=None) -> dict:
     from experiments.predict import calibration_path
     from simulator.calibrate import calibrate
     from simulator.tune import recommend
 
     with refusing():
-        probe = validate(TrainConfig(model=cfg.model, world_size=cfg.world_size, net=cfg.net, impl="ours",
-                                     iters=cfg.iters, warmup=cfg.warmup))
+        probe = check(cfg)
     cal = calibrate(probe)
     cal.save(results_root(root) / EXPERIMENT / "calibrations" / calibration_path(probe).name)
     rec = recommend(cal, cfg.grid_mb)

@@ -17,9 +17,10 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import math
+import difflib
 import hashlib
 import json
+import math
 import typing
 from dataclasses import dataclass, field
 
@@ -283,6 +284,31 @@ def _converter(tp):
     raise TypeError(f"unsupported field type {tp!r} for the command line")
 
 
+class OneLineParser(argparse.ArgumentParser):
+    """argparse's parser for every command line here: an option it refuses (unknown, malformed, a bad value)
+    ends as one line ``<prog>: error: <message>`` on stderr and exit status 2, without the usage block (``--help``
+    shows it); an unknown option names the closest known one (difflib)."""
+
+    def parse_args(self, args=None, namespace=None):
+        ns, extra = self.parse_known_args(args, namespace)
+        if extra:
+            self.error(self.unknown(extra[0]))
+        return ns
+
+    def unknown(self, arg: str) -> str:
+        """The message for an argument no option takes: for an option, the closest known one if there is one."""
+        if not arg.startswith("-"):
+            return f"unexpected argument {arg!r}"
+        name = arg.split("=", 1)[0]
+        known = sorted(o for o in self._option_string_actions if o.startswith("--"))
+        close = difflib.get_close_matches(name, known, n=1, cutoff=0.6)
+        hint = f"did you mean {close[0]}?" if close else "see --help for the options"
+        return f"unknown option {arg!r}; {hint}"
+
+    def error(self, message: str):
+        self.exit(2, f"{self.prog}: error: {message}\n")
+
+
 def add_dataclass_arguments(parser: argparse.ArgumentParser, cls) -> argparse.ArgumentParser:
     """Add one ``--name=value`` option per field of dataclass ``cls`` (default: the field's default)."""
     hints = typing.get_type_hints(cls)
@@ -309,5 +335,5 @@ def dataclass_from_namespace(cls, ns: argparse.Namespace):
 
 def parse_dataclass(cls, argv: typing.Sequence[str] | None = None, prog: str | None = None):
     """Parse ``--key=value`` overrides of ``cls``'s defaults; unknown keys are an error."""
-    parser = add_dataclass_arguments(argparse.ArgumentParser(prog=prog, description=cls.__doc__), cls)
+    parser = add_dataclass_arguments(OneLineParser(prog=prog, description=cls.__doc__), cls)
     return dataclass_from_namespace(cls, parser.parse_args(argv))

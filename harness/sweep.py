@@ -22,14 +22,12 @@ import collections
 import contextlib
 import dataclasses
 import datetime
-import functools
 import math
 import os
 import random
 import sys
 import time
 import traceback
-from pathlib import Path
 from typing import Sequence
 
 import pandas as pd
@@ -43,8 +41,7 @@ from harness.convergence import run_convergence_point
 from harness.env import in_place, is_writer
 from harness.errors import refusing
 from harness.launch import MALLOC_ENV, LaunchError, RankPool, init_in_place, launch, refuse_in_bootstrapping_child
-from harness.models import build_model
-from harness.preflight import preflight
+from harness.preflight import memory_bytes, model_param_bytes, preflight
 from harness.runner import run_training_point, run_training_points
 
 MAX_ERROR_CHARS = 8000
@@ -60,15 +57,6 @@ def run_point(cfg: PointConfig, deadline_s: float | None = None, fn=None, fn_arg
         preflight([cfg])
     with contextlib.ExitStack() as pools:
         return _measure([cfg], deadline_s, _Pools(pools), fn, fn_args)[0]
-
-
-def memory_bytes() -> tuple[float, float]:
-    """(available, total) bytes of this machine's memory, as the kernel says (``/proc/meminfo``; inf elsewhere)."""
-    try:
-        info = dict(line.split(":", 1) for line in Path("/proc/meminfo").read_text().splitlines())
-        return tuple(int(info[k].split()[0]) * 1024 for k in ("MemAvailable", "MemTotal"))
-    except (OSError, KeyError, ValueError):
-        return math.inf, math.inf
 
 
 def available_memory_fraction() -> float:
@@ -102,11 +90,20 @@ class _Pools(dict):
             if self and available_memory_fraction() < self.MIN_AVAILABLE:
                 for other in list(self):
                     self.pop(other).close()
-            how = dict(timeout_s=cfg.timeout_s, threads=cfg.threads_per_rank, env=MALLOC_ENV[malloc])
+            how = dict(timeout_s=cfg.timeout_s, threads=cfg.threads_per_rank, env=rank_env(malloc, rate_mbit))
             pool = (RankPool(cfg.world_size, cfg.backend, **how) if rate_mbit is None else
                     netem.NamespacePool(cfg.world_size, cfg.backend, rate_mbit=rate_mbit, hosts=hosts, **how))
             self[key] = self.stack.enter_context(pool)
         return self[key]
+
+
+def rank_env(malloc: str, rate_mbit: float | None) -> dict[str, str]:
+    """What a pool sets in its ranks' environment: the allocator's settings and, behind an emulated link, c10d's
+    C++ log kept to errors (unless the user set a level). Those ranks run in a network namespace without DNS, where
+    every rank's store client warns that "the hostname of the client socket cannot be retrieved" when it names its
+    own loopback address (``::ffff:127.0.0.1``, which /etc/hosts does not list): noise on every run, nothing wrong."""
+    quiet = {} if rate_mbit is None or "TORCH_CPP_LOG_LEVEL" in os.environ else {"TORCH_CPP_LOG_LEVEL": "ERROR"}
+    return {**MALLOC_ENV[malloc], **quiet}
 
 
 def _measure(cfgs: list[PointConfig], deadline_s: float | None, pools: _Pools, fn=None,
@@ -239,12 +236,8 @@ def _tasks(members: list[str], points: dict[str, PointConfig], available_bytes: 
     return [[anchor, *rest[i:i + size - 1]] for i in range(0, len(rest), size - 1)]
 
 
-@functools.lru_cache(maxsize=None)
 def _param_bytes(cfg: TrainConfig) -> int:
-    import torch
-
-    with torch.device("meta"):
-        return sum(p.numel() * p.element_size() for p in build_model(cfg.model).parameters())
+    return model_param_bytes(cfg.model)
 
 
 def run_sweep(experiment: str, points: Sequence[PointConfig], *, root: str | os.PathLike | None = None,

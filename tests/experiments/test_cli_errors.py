@@ -1,12 +1,17 @@
 """Bad input on a command line ends as one ``error:`` line with exit status 2 and no traceback, before any rank
 is spawned; everything accepted is a point that runs. Property-based (hypothesis) over every driver's config and
-over bucket caps, plus the refusals that only the machine can make (no GPU for NCCL)."""
+over bucket caps, plus the refusals that only the machine can make (no GPU for NCCL), and each entry point as a
+user types it (a subprocess each, all started at once)."""
 import contextlib
 import dataclasses
 import io
 import math
+import os
 import re
+import subprocess
+import sys
 import typing
+from pathlib import Path
 
 import pytest
 from hypothesis import HealthCheck, given, settings
@@ -15,7 +20,7 @@ from hypothesis import strategies as st
 from ddp_impl.buckets import mb_to_bytes
 from experiments import bench, registry
 from experiments.__main__ import main
-from harness import TrainConfig, env, sweep
+from harness import TrainConfig, env, preflight, sweep
 from harness.config import MODELS, parse_dataclass
 
 DRIVERS = registry.drivers()
@@ -105,7 +110,15 @@ def test_bucket_caps_are_accepted_exactly_when_a_ddp_takes_them(caps):
 
 
 @pytest.mark.parametrize("argv, prog, message", [
-    (["fig7", "--backends=nccl", "--models=resnet50"], "python -m experiments fig7", None),
+    (["fig7", "--backends=nccl", "--models=resnet50"], "python -m experiments fig7",
+     "backends='nccl': nothing this machine can run: NCCL unavailable here: 0 CUDA GPU(s) for 2 ranks"),
+    (["fig9", "--backends=nccl", "--world_sizes=1,2"], "python -m experiments fig9", "NCCL unavailable here"),
+    (["fig7", "--models=", "--dry-run"], "python -m experiments fig7", "no point to measure (models is empty)"),
+    (["fig07"], "python -m experiments fig07", "did you mean fig7?"),
+    (["report", "fig77"], "python -m experiments report", "unknown figure 'fig77'"),
+    (["claims", "fig7"], "python -m experiments claims", "unexpected argument 'fig7'"),
+    (["fig10", "--iters=6", "--sync_every=1,2,4", "--dry-run"], "python -m experiments fig10",
+     "iters=6 must be a multiple of every n of sync_every, but not of 4: e.g. iters=8"),
     (["fig99"], "python -m experiments fig99", "unknown figure 'fig99'; choose one of fig2"),
     (["plots", "fig99"], "python -m experiments plots", "unknown figure 'fig99'"),
     (["predict", "--model=vgg"], "python -m experiments predict", "unknown model 'vgg'; choose one of"),
@@ -126,3 +139,84 @@ def test_bench_refuses_in_one_line(capsys):
     assert lines[0].startswith("python -m experiments.bench: error: models and bucket_caps_mb must be non-empty")
     assert lines[1] == ("python -m experiments.bench: error: backend='nccl' needs CUDA, but "
                         "torch.cuda.is_available() is False")
+
+
+def test_a_sweep_some_of_whose_backends_run_goes_on_and_says_which_it_left_out():
+    code, err = _run(["fig7", "--backends=gloo,nccl", "--models=small", "--dry-run"])
+    assert code == 0 and "[fig7] left out: nccl (NCCL unavailable here" in err, err
+
+
+def test_ranks_that_cannot_fit_in_memory_are_refused_with_the_numbers(monkeypatch):
+    monkeypatch.setattr(preflight, "memory_bytes", lambda: (24e9, 32e9))
+    preflight.check_memory([TrainConfig(model="resnet50", world_size=2)])
+    with pytest.raises(ValueError, match=r"world_size=64 needs at least 3\d\.\d GB .* but 24\.0 GB is available: "
+                                         r"at most 4\d rank\(s\) fit here"):
+        preflight.check_memory([TrainConfig(model="resnet50", world_size=2), TrainConfig(model="resnet50",
+                                                                                         world_size=64)])
+    monkeypatch.setenv("RANK", "0")  # under torchrun the ranks are placed already
+    preflight.check_memory([TrainConfig(model="resnet50", world_size=64)])
+
+
+def test_ranks_behind_an_emulated_link_keep_c10d_quiet_unless_the_user_set_a_level(monkeypatch):
+    monkeypatch.delenv("TORCH_CPP_LOG_LEVEL", raising=False)
+    assert sweep.rank_env("default", 500.0) == {"TORCH_CPP_LOG_LEVEL": "ERROR"}
+    assert "TORCH_CPP_LOG_LEVEL" not in sweep.rank_env("retain", None)  # loopback: no namespace, nothing to quiet
+    monkeypatch.setenv("TORCH_CPP_LOG_LEVEL", "INFO")
+    assert sweep.rank_env("default", 500.0) == {}
+
+
+# --------------------------------------------------------------------------- each entry point, as a user types it
+
+REPO = Path(__file__).resolve().parents[2]
+MPI = __import__("torch.distributed").distributed.is_mpi_available()
+COMMANDS = {  # argv after `python -m`: (exit status, what the one stderr line says, or stdout for --help)
+    "predict_missing_calibration": (["experiments", "predict", "--model=resnet50",
+                                     "--calibration=/nonexistent/cal.json"], 2, "calibration '/nonexistent/cal.json'"),
+    "timeline_unknown_model": (["experiments.timeline", "--model=gpt2"], 2, "unknown model 'gpt2'"),
+    "timeline_nccl_without_gpu": (["experiments.timeline", "--backend=nccl"], 2, "backend='nccl' needs CUDA"),
+    "timeline_world_size_too_big": (["experiments.timeline", "--world_size=100000"], 2,
+                                    "world_size=100000 needs at least"),
+    "tune_no_repeats": (["experiments.tune", "--repeats=0", "--measure_mb=5"], 2, "repeats=0"),
+    "fig10_iters_not_a_multiple": (["experiments", "fig10", "--iters=3", "--dry-run"], 2,
+                                   "iters=3 must be a multiple of every n"),
+    "fig7_misspelled_option": (["experiments", "fig7", "--bucket_cap_mb=5"], 2,
+                               "unknown option '--bucket_cap_mb=5'; did you mean --bucket_caps_mb?"),
+    "fig7_nccl_only": (["experiments", "fig7", "--backends=nccl"], 2, "NCCL unavailable here: 0 CUDA GPU(s)"),
+    "fig7_mpi_only": (["experiments", "fig7", "--backends=mpi"], 2, "MPI unavailable here"),
+    "plots_help": (["experiments", "plots", "--help"], 0, "usage: python -m experiments plots"),
+    "report_help": (["experiments", "report", "--help"], 0, "usage: python -m experiments report"),
+    "claims_help": (["experiments", "claims", "--help"], 0, "usage: python -m experiments claims"),
+}
+TIMEOUT_S = 120  # each is refused within seconds of its imports; a regression that starts work is cut off
+
+
+@pytest.fixture(scope="module")
+def commands(tmp_path_factory):
+    """Every command of COMMANDS started at once (each is mostly torch's import), on no GPU, storing nothing here."""
+    environ = {**os.environ, "DDP_REPRO_RESULTS": str(tmp_path_factory.mktemp("results")), "CUDA_VISIBLE_DEVICES": ""}
+    procs = {name: subprocess.Popen([sys.executable, "-m", *argv], cwd=REPO, env=environ, text=True,
+                                    stdout=subprocess.PIPE, stderr=subprocess.PIPE, start_new_session=True)
+             for name, (argv, _, _) in COMMANDS.items() if MPI or name != "fig7_mpi_only"}
+    yield procs
+    for proc in procs.values():
+        if proc.poll() is None:
+            os.killpg(proc.pid, 9)
+            proc.wait()
+
+
+@pytest.mark.parametrize("name", sorted(COMMANDS))
+def test_each_entry_point_keeps_the_promise(commands, name):
+    if name not in commands:
+        pytest.skip("this torch has MPI: an MPI sweep is not refused")
+    argv, status, says = COMMANDS[name]
+    try:
+        out, err = commands[name].communicate(timeout=TIMEOUT_S)
+    except subprocess.TimeoutExpired:
+        os.killpg(commands[name].pid, 9)
+        pytest.fail(f"`python -m {' '.join(argv)}` was not refused within {TIMEOUT_S} s")
+    assert commands[name].returncode == status, (out, err)
+    if status == 0:  # --help: the usage, nothing run
+        assert out.startswith(says) and not err, (out, err)
+        return
+    prog = "python -m " + " ".join(a for a in argv[:2] if not a.startswith("-"))
+    assert len(err.splitlines()) == 1 and err.startswith(f"{prog}: error: ") and says in err, err
