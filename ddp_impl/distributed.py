@@ -14,6 +14,7 @@
 """
 from __future__ import annotations
 
+import copy
 import dataclasses
 import warnings
 from contextlib import contextmanager, nullcontext
@@ -217,13 +218,15 @@ class DistributedDataParallel(nn.Module):
                 timing.forward_end = self._clock.stamp()
             tensors = [t for t in _tensors_in(output) if t.requires_grad] \
                 if timing is not None or self.find_unused_parameters else []
-            if timing is not None:
-                for t in tensors:
-                    t.register_hook(lambda grad: _stamp_backward_start(timing))
             unused = []
             if self.find_unused_parameters and not self.static_graph:  # a static graph's reducer knows already
                 with torch.autograd.profiler.record_function("search_unused_parameters"):  # torch's name
                     unused = self._unused_parameters(tensors)
+                if len(tensors) > 1:
+                    output, tensors = _joined(output, tensors)
+            if timing is not None:
+                for t in tensors:
+                    t.register_hook(lambda grad: _stamp_backward_start(timing))
             reducer.prepare_for_backward(timing, unused)
         return output
 
@@ -296,6 +299,52 @@ def _tensors_in(obj) -> Iterator[torch.Tensor]:
     elif dataclasses.is_dataclass(obj) and not isinstance(obj, type):
         for f in dataclasses.fields(obj):
             yield from _tensors_in(getattr(obj, f.name))
+
+
+class _JoinOutputs(torch.autograd.Function):
+    """Every output tensor through one node (torch's ``_DDPSink``): a backward from any of them then runs the
+    branches of the others too, with no gradient (``None``, not zeros), so the hooks of parameters behind an
+    output the loss left out still fire and the reducer counts those parameters unused on this rank instead of
+    waiting for gradients that never come."""
+
+    @staticmethod
+    def forward(ctx, *tensors):
+        ctx.set_materialize_grads(False)
+        return tuple(t.clone() for t in tensors)  # clones, so the caller may modify an output in place
+
+    @staticmethod
+    def backward(ctx, *grads):
+        return grads
+
+
+def _joined(output, tensors: list[torch.Tensor]):
+    """``output`` with each of ``tensors`` replaced by its pass through one :class:`_JoinOutputs` node, and the
+    new tensors."""
+    joined = _JoinOutputs.apply(*tensors)
+    new = {id(t): j for t, j in zip(tensors, joined)}
+    return _with_tensors(output, new), list(joined)
+
+
+def _with_tensors(obj, new: dict[int, torch.Tensor]):
+    """A copy of a nested output with tensors replaced through ``new`` (by ``id``), walking what ``_tensors_in``
+    walks; containers are rebuilt as the same type (a frozen dataclass too), anything else kept as is."""
+    if isinstance(obj, torch.Tensor):
+        return new.get(id(obj), obj)
+    if isinstance(obj, dict):
+        copy_ = copy.copy(obj)  # keeps the type (a transformers ModelOutput, a defaultdict's factory)
+        for k, v in obj.items():
+            copy_[k] = _with_tensors(v, new)
+        return copy_
+    if isinstance(obj, tuple) and hasattr(obj, "_fields"):  # a NamedTuple
+        return type(obj)(*(_with_tensors(v, new) for v in obj))
+    if isinstance(obj, (list, tuple)):
+        return type(obj)(_with_tensors(v, new) for v in obj)
+    if dataclasses.is_dataclass(obj) and not isinstance(obj, type):
+        copy_ = copy.copy(obj)
+        for f in dataclasses.fields(obj):
+            object.__setattr__(copy_, f.name, _with_tensors(getattr(obj, f.name), new))
+        return copy_
+    return obj
 
 
 def _current_device(device: torch.device):

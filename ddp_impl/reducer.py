@@ -1,11 +1,12 @@
 """The reducer: gradient hooks, bucket readiness, in-order launch, and finalize.
 
 1. Each parameter's gradient accumulator gets a hook. When its gradient is final for this backward, the hook
-   writes it into the parameter's slice of a flat bucket (divided by the world size unless a comm hook is
-   registered: then averaging is the hook's job, as in torch).
-2. When every slice of a bucket is written the bucket is ready; ready buckets are launched (our allreduce, or
-   the registered comm hook) strictly in bucket-index order, so every rank issues the same collectives in the
-   same order even if gradients arrive in a different order.
+   counts it against its bucket; the hook itself runs no kernel.
+2. When a bucket's last gradient is final, its gradients are copied into the bucket's flat tensor in one fused
+   copy and divided by the world size (unless a comm hook is registered: then averaging is the hook's job, as
+   in torch), and the bucket is ready. Ready buckets are launched (our allreduce, or the registered comm hook)
+   strictly in bucket-index order, so every rank issues the same collectives in the same order even if
+   gradients arrive in a different order.
 3. When the last bucket is ready, a callback is queued on the running backward (like torch's reducer, so a
    reentrant backward, e.g. reentrant activation checkpointing, finishes inside it). When autograd finishes it
    waits for the buckets in order and copies each one's averages back into ``.grad`` as soon as it is reduced,
@@ -204,8 +205,8 @@ class Reducer:
                 Variable._execution_engine.queue_callback(self._learn_static_graph)
             for j in self._unused:
                 self._mark_ready(j)
-        if self._used is not None:
-            self._used[i] = 1
+        if self._used is not None and self.params[i].grad is not None:  # as torch: a hook that fired without a
+            self._used[i] = 1  # gradient (an output the loss left out) is no use of the parameter
         if self.static:
             self._fired[i] += 1
             if learning or self._fired[i] < self._expected[i]:
@@ -239,8 +240,35 @@ class Reducer:
                 "whose tensors cannot be found, or is the parameter behind reentrant checkpointing?); this DDP "
                 "supports one backward per forward and no parameter used by two separate backward passes")
         self._ready[i] = True
-        grad, view = self.params[i].grad, self.views[i]
+        b = self.bucket_of[i]
+        self._pending[b] -= 1
+        if self._pending[b] == 0:
+            self._fill(b)
+            if self.timing is not None and self.timing.bucket_ready is not None:
+                self.timing.bucket_ready[b] = self.timing.clock.stamp()
+            self._buckets_left -= 1
+            if self.overlap:
+                self._launch_ready()
+            if self._buckets_left == 0 and not self._finalize_inline:  # on the backward running now, which
+                Variable._execution_engine.queue_callback(self._finalize)  # may be a reentrant one
+
+    def _fill(self, b: int) -> None:
+        """Write bucket ``b``'s gradients into its flat tensor once all are final, averaged unless a comm hook
+        averages: one fused copy and one multiply per bucket, not a kernel per gradient (on a fast GPU the host
+        issuing kernels is the bottleneck). Bitwise torch's average: the same multiply by 1 / world size."""
+        grads = [p.grad for p in self._bucket_params[b]]
         scale = self._scale if self.comm_hook is None else None
+        if self.as_view or any(g is None or g.requires_grad or g.is_sparse for g in grads):
+            for i, grad in zip(self.buckets[b].param_indices, grads):
+                self._fill_one(i, grad, scale)
+            return
+        torch._foreach_copy_(self._bucket_views[b], grads)
+        if scale is not None:
+            self.flats[b].mul_(scale)
+
+    def _fill_one(self, i: int, grad: torch.Tensor | None, scale: float | None) -> None:
+        """The rarer cases, one gradient at a time: none yet, sparse, ``create_graph``, ``.grad`` as a view."""
+        view = self.views[i]
         if grad is None:
             view.zero_()
         elif grad.is_sparse:
@@ -260,16 +288,6 @@ class Reducer:
                     view.copy_(grad)
                 if self.as_view:
                     self.params[i].grad = view
-        b = self.bucket_of[i]
-        self._pending[b] -= 1
-        if self._pending[b] == 0:
-            if self.timing is not None and self.timing.bucket_ready is not None:
-                self.timing.bucket_ready[b] = self.timing.clock.stamp()
-            self._buckets_left -= 1
-            if self.overlap:
-                self._launch_ready()
-            if self._buckets_left == 0 and not self._finalize_inline:  # on the backward running now, which
-                Variable._execution_engine.queue_callback(self._finalize)  # may be a reentrant one
 
     def _warn_create_graph(self) -> None:
         if not self._warned_create_graph:

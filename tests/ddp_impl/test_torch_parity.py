@@ -114,3 +114,30 @@ def test_torch_hooks_run_unchanged_with_torch_bucket_layout():
             (g_ours, l_ours), (g_torch, l_torch) = got["ours"], got["torch"]
             assert l_ours == l_torch, f"rank{rank} {case}: bucket layouts differ"
             assert_same(g_ours, g_torch, f"rank{rank} {case}", tol=1e-6)
+
+
+def run_unused_outputs(ctx):
+    return portable({"ours": torch_cases.unused_output_entry(ctx, "ours"),
+                     "torch": torch_cases.unused_output_entry(ctx, "torch", kinds=("dict", "tuple", "namedtuple"),
+                                                              configs=torch_cases.UNUSED_OUTPUT_CONFIGS[:2])})
+
+
+def test_an_output_entry_the_loss_leaves_out_trains_as_torch():
+    """A forward returning a container with an entry outside the loss: ours gives torch's find_unused_parameters
+    gradients for every container and with static_graph (which torch refuses); never a step on local gradients."""
+    aux_weight = 4
+    r0, r1 = launch(run_unused_outputs, 2, "gloo", timeout_s=60, deadline_s=300)
+    for rank, got in enumerate((r0, r1)):
+        for (kind, k, aux_on), ours in got["ours"].items():
+            as_view = torch_cases.UNUSED_OUTPUT_CONFIGS[k].get("gradient_as_bucket_view", False)
+            reference = got["torch"][("dict", int(as_view), aux_on)]
+            assert_same(ours, reference, f"rank{rank} {kind} {torch_cases.UNUSED_OUTPUT_CONFIGS[k]} aux {aux_on}")
+        for key, theirs in got["torch"].items():  # torch agrees with itself across containers
+            assert_same(theirs, got["torch"][("dict",) + key[1:]], f"rank{rank} torch {key}")
+    for key, steps in r0["torch"].items():  # the reference really averages: aux None, or equal on both ranks
+        for step0, step1 in zip(steps, r1["torch"][key]):
+            if key[2] == "never":
+                assert step0[aux_weight] is None and step1[aux_weight] is None, key
+            else:
+                assert np.abs(step0[aux_weight]).sum() > 0 and np.array_equal(step0[aux_weight], step1[aux_weight])
+            assert np.array_equal(step0[0], step1[0]), key

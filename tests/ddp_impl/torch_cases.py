@@ -5,8 +5,10 @@ from __future__ import annotations
 import copy
 import dataclasses
 import pickle
+from typing import NamedTuple
 
 import torch
+import torch.distributed as dist
 from torch import nn
 from torch.distributed.algorithms.ddp_comm_hooks import default_hooks, powerSGD_hook
 from torch.nn.parallel import DistributedDataParallel as TorchDDP
@@ -329,3 +331,67 @@ def hooks_and_layout(ctx, impl, hook_name, cap, find_unused, as_view=False):
         grads.append(_grads(ddp))
         layouts.append(sorted(log))
     return grads, layouts
+
+
+# ---- 11. a container output with an entry the loss does not use -------------------------------------------
+class Pair(NamedTuple):
+    logits: torch.Tensor
+    aux: torch.Tensor
+
+
+@dataclasses.dataclass
+class PairOut:
+    logits: torch.Tensor
+    aux: torch.Tensor
+
+
+class AuxHead(nn.Module):
+    """Logits and an auxiliary head's output, returned in the container ``kind``."""
+
+    def __init__(self, kind):
+        super().__init__()
+        self.kind = kind
+        self.trunk, self.head, self.aux = nn.Linear(6, 8), nn.Linear(8, 3), nn.Linear(8, 2)
+
+    def forward(self, x):
+        h = torch.tanh(self.trunk(x))
+        logits, aux = self.head(h), self.aux(h)
+        return {"dict": lambda: {"logits": logits, "aux": aux}, "tuple": lambda: (logits, aux),
+                "namedtuple": lambda: Pair(logits, aux), "dataclass": lambda: PairOut(logits, aux)}[self.kind]()
+
+
+def _entry(out, name):
+    if isinstance(out, dict):
+        return out[name]
+    if isinstance(out, tuple) and not hasattr(out, "_fields"):
+        return out[("logits", "aux").index(name)]
+    return getattr(out, name)
+
+
+# torch's DDP trains on these with find_unused_parameters (outputs it can flatten: not a plain dataclass), and
+# raises with static_graph; ours must give torch's find_unused_parameters gradients in every one of them
+UNUSED_OUTPUT_CONFIGS = [dict(find_unused_parameters=True), dict(find_unused_parameters=True,
+                         gradient_as_bucket_view=True), dict(static_graph=True),
+                         dict(static_graph=True, gradient_as_bucket_view=True),
+                         dict(find_unused_parameters=True, static_graph=True)]
+OUTPUT_KINDS = ("dict", "tuple", "namedtuple", "dataclass")
+
+
+def unused_output_entry(ctx, impl, kinds=OUTPUT_KINDS, configs=UNUSED_OUTPUT_CONFIGS):
+    """Per (kind, config index, usage): the loss uses ``aux`` never, or on rank 0 only (then it is averaged)."""
+    out = {}
+    for kind in kinds:
+        for k, config in enumerate(configs):
+            for aux_on in ("never", "rank0"):
+                torch.manual_seed(0)
+                group = dist.new_group(backend="gloo")  # a raise on one rank must not unmatch later collectives
+                ddp = IMPLS[impl](AuxHead(kind).double(), process_group=group, bucket_cap_mb=0, **config)
+
+                def step_fn(step):
+                    o = ddp(_x(ctx.rank, step))
+                    loss = _entry(o, "logits").square().sum()
+                    if aux_on == "rank0" and ctx.rank == 0:
+                        loss = loss + _entry(o, "aux").sum()
+                    loss.backward()
+                out[(kind, k, aux_on)] = _outcome(lambda: _steps(ddp, step_fn, steps=4))
+    return out
