@@ -1,6 +1,6 @@
 """`make bench`: is our DDP as fast as torch's C++ Reducer, and how far are both from the ideal bound?
 
-    make bench                                       # ResNet50 + BERT-base, caps 1,5,25,100 MiB
+    make bench                                       # ResNet50, BERT-base, tiny-layers; caps 1,5,25,100 MiB
     python -m experiments.bench --models=small --bucket_caps_mb=1,25 --iters=3 --out=/tmp/bench   # seconds
     python -m experiments.bench --help               # every option (BenchConfig fields)
 
@@ -26,6 +26,7 @@ import pandas as pd
 import torch
 import torch.distributed as dist
 
+from harness import env
 from harness.config import MODELS, PROFILES, auto_profile_backend, parse_dataclass
 from harness.env import is_writer
 from harness.errors import command_line, refusing
@@ -46,11 +47,11 @@ MEMORY_VARIANTS = (("local", False), ("ours", False), ("ours", True), ("torch", 
 class BenchConfig:
     """Our DDP vs torch's DDP: per-iteration latency, ideal bound, instrumentation overhead, peak memory."""
 
-    models: tuple[str, ...] = ("resnet50", "bert-base")
+    models: tuple[str, ...] = ("resnet50", "bert-base", "tiny-layers")  # tiny-layers: host cost, see models
     bucket_caps_mb: tuple[float, ...] = (1.0, 5.0, 25.0, 100.0)  # one point per (model, bucket_cap_mb)
     iters: int = 20  # measured rounds (one iteration of every variant each)
     warmup: int = 3  # rounds before measuring; >= 2 so both DDPs have rebuilt their buckets
-    world_size: int = 2
+    world_size: int = 0  # 0: torchrun's, else every visible GPU with NCCL (one is enough), else 2
     backend: str = "auto"  # gloo | nccl | auto (nccl with a GPU)
     profile: str = "auto"  # cpu | paper | auto (paper with a GPU); input sizes, see harness.models
     latency: bool = True  # the interleaved latency points
@@ -77,8 +78,10 @@ def validate_bench(cfg: BenchConfig) -> BenchConfig:
     if not cfg.models or not cfg.bucket_caps_mb or not all(0 <= c < math.inf for c in caps):
         raise ValueError(f"models and bucket_caps_mb must be non-empty, caps finite and >= 0 MiB; got "
                          f"models={cfg.models} bucket_caps_mb={cfg.bucket_caps_mb} memory_cap_mb={cfg.memory_cap_mb}")
+    if cfg.world_size == 0:
+        cfg = dataclasses.replace(cfg, world_size=env.default_world_size(backend))
     for name, low, why in (("iters", 1, ""), ("warmup", 2, " (both DDPs rebuild their buckets after the first)"),
-                           ("world_size", 2, " (a comparison of DDPs)"), ("memory_iters", 1, "")):
+                           ("world_size", 1, ""), ("memory_iters", 1, "")):
         if getattr(cfg, name) < low:
             raise ValueError(f"{name} must be >= {low}{why}, got {getattr(cfg, name)}")
     check_malloc_env(cfg.malloc)

@@ -31,7 +31,7 @@ from harness.launch import BACKENDS, MALLOC_ENV
 from harness.rate import check_net
 from harness.systems import DDP_IMPLS, IMPLS, OPTIMIZERS
 
-MODELS = ("small", "resnet50", "resnet101", "bert-base", "bert-large")
+MODELS = ("small", "resnet50", "resnet101", "bert-base", "bert-large", "tiny-layers")
 PROFILES = ("paper", "cpu")
 COMM_HOOKS = ("", *ALIASES)  # ddp_impl's short names of torch's own hooks; "" = the default allreduce
 FAULT_KINDS = ("raise", "exit", "segv", "hang", "kill", "linkdown")  # harness.launch.inject_fault

@@ -16,6 +16,13 @@ def global_rank() -> int:
     return int(os.environ.get("RANK", 0))
 
 
+def default_world_size(backend: str) -> int:
+    """torchrun's WORLD_SIZE in place, else every visible GPU for NCCL (one is enough), else 2 CPU ranks."""
+    if in_place() and "WORLD_SIZE" in os.environ:
+        return int(os.environ["WORLD_SIZE"])
+    return max(1, cuda_devices()) if backend == "nccl" else 2
+
+
 def is_writer() -> bool:
     """Only rank 0 writes results and figures (every rank runs the sweep under torchrun)."""
     return global_rank() == 0

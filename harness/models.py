@@ -8,6 +8,7 @@ Assumptions (the paper does not state them; REPRODUCTION.md lists them):
     per GPU. The small test model uses 32x32 images, batch 32.
   * ``cpu``: ResNet50 at 64x64, batch 4; BERT-base sequence 32, batch 2; BERT-large sequence 32, batch 1;
     small model 16x16, batch 8. Chosen so one iteration takes around a second on a 2-core machine.
+  * ``tiny-layers``: batch 2 in both profiles; its compute is negligible on purpose (host-bound, see the class).
 Inputs are generated once per rank on its device (seeded by seed and rank) and reused every iteration, so
 data generation is never timed.
 """
@@ -40,7 +41,10 @@ INPUTS = {
     ("cpu", "resnet101"): InputSpec(4, image_size=64),
     ("cpu", "bert-base"): InputSpec(2, seq_len=32),
     ("cpu", "bert-large"): InputSpec(1, seq_len=32),
+    ("paper", "tiny-layers"): InputSpec(2),
+    ("cpu", "tiny-layers"): InputSpec(2),
 }
+TINY_WIDTH, TINY_DEPTH = 16, 400
 
 NUM_CLASSES = {"small": 10, "resnet50": 1000, "resnet101": 1000}
 
@@ -59,6 +63,19 @@ class SmallNet(nn.Module):
         return self.head(self.features(x))
 
 
+class TinyLayers(nn.Module):
+    """400 ``Linear(16, 16)``: 800 parameters of 16 or 256 elements. An iteration is almost all per-gradient and
+    per-bucket bookkeeping, the regime of BERT-base at batch 8 on a fast GPU, where the host issuing kernels and
+    running DDP's hooks is slower than the device: it measures a DDP's host cost."""
+
+    def __init__(self):
+        super().__init__()
+        self.layers = nn.Sequential(*(nn.Linear(TINY_WIDTH, TINY_WIDTH) for _ in range(TINY_DEPTH)))
+
+    def forward(self, x):
+        return self.layers(x)
+
+
 def bert_config(name: str):
     from transformers import BertConfig
 
@@ -73,6 +90,8 @@ def build_model(name: str) -> nn.Module:
     """A randomly initialised model; seed torch before calling for identical weights on every rank."""
     if name == "small":
         return SmallNet(NUM_CLASSES["small"])
+    if name == "tiny-layers":
+        return TinyLayers()
     if name in ("resnet50", "resnet101"):
         import torchvision
 
@@ -113,6 +132,9 @@ def make_inputs(name: str, spec: InputSpec, device: torch.device, seed: int = 0)
     """Synthetic batch as keyword arguments for :func:`compute_loss` (random ids, no tokenizer)."""
     gen = torch.Generator().manual_seed(seed)
     b = spec.batch_size
+    if name == "tiny-layers":
+        x = torch.randn(b, TINY_WIDTH, generator=gen)
+        return {"x": x.to(device), "y": torch.randint(0, TINY_WIDTH, (b,), generator=gen).to(device)}
     if name in NUM_CLASSES:
         x = torch.randn(b, 3, spec.image_size, spec.image_size, generator=gen)
         y = torch.randint(0, NUM_CLASSES[name], (b,), generator=gen)
@@ -131,6 +153,6 @@ def make_inputs(name: str, spec: InputSpec, device: torch.device, seed: int = 0)
 
 def compute_loss(name: str, model: nn.Module, inputs: dict) -> torch.Tensor:
     """Forward pass plus loss; ``model`` may be wrapped in any DDP."""
-    if name in NUM_CLASSES:
+    if name in NUM_CLASSES or name == "tiny-layers":
         return nn.functional.cross_entropy(model(inputs["x"]), inputs["y"])
     return model(**inputs).loss

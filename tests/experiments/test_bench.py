@@ -100,3 +100,21 @@ def test_bench_config_is_validated():
         validate_bench(BenchConfig(malloc="retain"))  # under torchrun the ranks' allocator is already set up
     cfg = validate_bench(BenchConfig())
     assert cfg.profile != "auto" and cfg.backend != "auto"
+    assert cfg.world_size == (torch.cuda.device_count() if cfg.backend == "nccl" else 2)  # 0: the machine's
+    with pytest.raises(ValueError, match="world_size must be >= 1"):
+        validate_bench(BenchConfig(world_size=-1))
+
+
+def test_bench_at_world_size_one_on_the_host_bound_model(tmp_path):
+    """One rank (one GPU's case) runs every variant; tiny-layers' 800 parameters all reach the buckets."""
+    out = tmp_path / "bench"
+    cmd = [sys.executable, "-m", "experiments.bench", "--models=tiny-layers", "--bucket_caps_mb=0,25",
+           "--world_size=1", "--iters=3", "--memory=false", "--timeout_s=60", f"--out={out}"]
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=240)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    summary = pd.read_csv(out / "summary.csv")
+    assert (summary["world_size"] == 1).all() and summary["same_buckets"].all()
+    assert list(summary["num_params"]) == [400 * (16 * 16 + 16)] * 2
+    assert summary["ours_buckets"].iloc[0] == 800 and summary["ours_buckets"].iloc[1] == 1
+    samples = pd.read_csv(out / "latency_samples.csv")
+    assert (samples.groupby(["bucket_cap_mb", "variant"]).size() == 3).all()
