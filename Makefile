@@ -11,7 +11,7 @@ FIGURES := fig2 fig6 fig7 fig8 fig9 fig10 fig11 fig12
 WS_ARG = $(if $(WORLD_SIZE),--world_size=$(WORLD_SIZE))
 fig9 fig10 fig11 fig2: WS_ARG =
 
-.PHONY: setup test clean figures plots claims timeline bench simval tune zero torch-ddp-tests $(FIGURES)
+.PHONY: setup test clean figures plots claims timeline bench gpu-check simval tune zero torch-ddp-tests $(FIGURES)
 
 setup: $(STAMP)
 
@@ -53,6 +53,12 @@ claims: setup
 # Our DDP vs torch's, interleaved, per (model, bucket cap); `make bench ARGS="--models=resnet50 --bucket_caps_mb=25"`.
 bench: setup
 	$(PY) -m experiments.bench $(ARGS)
+
+# The GPU path in one command on any CUDA machine (~5 min on one GPU): ours vs torch's DDP on the device, the bench
+# at world size = GPUs, a fig7 smoke on NCCL, predict beside it -> results/gpu-check/summary.md; without CUDA it
+# says so and exits 0. With torch preinstalled and no network: `PYTHONPATH=. python3 -m experiments.gpu_check`.
+gpu-check: setup
+	$(PY) -m experiments.gpu_check $(ARGS)
 
 # The simulator's predictions against fresh measurements (results/simval/, results/figures/simval.png; 3 rounds + a side-by-side tuning check, ~3 h).
 simval: setup

@@ -64,3 +64,11 @@ def test_timing_fields_are_consistent():
         assert on["bucket_launch_ms"][0] < on["backward_end_ms"]  # overlap: first bucket leaves during backward
         assert off["bucket_launch_ms"][0] >= off["backward_end_ms"]
         assert off["backward_compute_comm_overlap_time_ms"] == 0
+
+
+def test_the_gpu_checks_matrix_passes_on_cpu():
+    """make gpu-check's comparisons (harness.parity.device_matrix), float64 and float32, on Gloo CPU ranks."""
+    for errors in launch(workers.device_matrix_cpu, 2, "gloo", timeout_s=60, deadline_s=300):
+        assert len(errors) == 13 and {"fp16 hook float32", "overlap=False float64"} <= set(errors)
+        bad = {name: err for name, err in errors.items() if err > (5e-3 if "fp16" in name else 1e-6)}
+        assert not bad, bad

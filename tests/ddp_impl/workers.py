@@ -1,135 +1,15 @@
 """Per-rank bodies of the ddp_impl tests, run by ``harness.launch`` (spawned ranks import this module)."""
 from __future__ import annotations
 
-from contextlib import nullcontext
-
 import torch
-import torch.distributed as dist
 from torch import nn
 from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
-from torch.nn.parallel import DistributedDataParallel as TorchDDP
 
 from ddp_impl import DistributedDataParallel as OurDDP
+from harness.parity import (CAPS_MB, STEPS, Branchy, ConvNet, Reordered, seeded, compare,  # noqa: F401 (CAPS_MB)
+                            max_rel_error, mlp)
 from ddp_impl import RoundRobinProcessGroup
 
-STEPS = 5
-CAPS_MB = [0, 0.01, 1, 25, 10000]
-
-
-class ConvNet(nn.Module):
-    """Small CNN with BatchNorm buffers."""
-
-    def __init__(self):
-        super().__init__()
-        self.conv1, self.bn1 = nn.Conv2d(3, 6, 3, bias=False), nn.BatchNorm2d(6)  # no bias before BN, as in ResNet
-        self.conv2, self.bn2 = nn.Conv2d(6, 8, 3, bias=False), nn.BatchNorm2d(8)
-        self.fc = nn.Linear(8, 5)
-
-    def forward(self, x):
-        x = torch.relu(self.bn1(self.conv1(x)))
-        x = torch.relu(self.bn2(self.conv2(x)))
-        return self.fc(x.mean(dim=(2, 3)))
-
-
-class Branchy(nn.Module):
-    """A branch used only where ``use_branch`` is true, and a layer no rank ever uses."""
-
-    def __init__(self):
-        super().__init__()
-        self.trunk, self.branch = nn.Linear(6, 8), nn.Linear(8, 8)
-        self.never = nn.Linear(8, 8)
-        self.head = nn.Linear(8, 3)
-
-    def forward(self, x, use_branch: bool):
-        h = torch.relu(self.trunk(x))
-        if use_branch:
-            h = h + self.branch(h)
-        return self.head(h)
-
-
-class Reordered(nn.Module):
-    """Registered in the opposite order of use, so reverse registration order mispredicts gradient order."""
-
-    def __init__(self):
-        super().__init__()
-        self.late = nn.Linear(16, 4)
-        self.early = nn.Linear(4, 16)
-
-    def forward(self, x):
-        return self.late(torch.relu(self.early(x)))
-
-
-def mlp():
-    return nn.Sequential(nn.Linear(6, 16), nn.Tanh(), nn.Linear(16, 16), nn.Tanh(), nn.Linear(16, 3))
-
-
-def _seeded(factory, seed):
-    torch.manual_seed(seed)
-    return factory()
-
-
-def _inputs(name, gen, rank):
-    if name == "convnet":
-        return (torch.randn(4, 3, 8, 8, generator=gen),), {}
-    if name == "branchy":
-        return (torch.randn(4, 6, generator=gen),), {"use_branch": rank == 0}
-    if name == "reordered":
-        return (torch.randn(4, 4, generator=gen),), {}
-    return (torch.randn(4, 6, generator=gen),), {}
-
-
-FACTORIES = {"convnet": ConvNet, "branchy": Branchy, "reordered": Reordered, "mlp": mlp}
-
-
-def train(rank, wrap, model_name, accum=1, steps=STEPS, dtype=torch.float64, device="cpu"):
-    """Train with SGD-momentum; models start from a different seed on every rank to test the broadcast.
-
-    float64 by default: with 3 ranks Gloo's ring sums a bucket's elements in an order that depends on the bucket
-    layout, which differs between implementations, so float32 runs legitimately differ by ~1e-6 after 5 steps.
-    """
-    model = wrap(_seeded(FACTORIES[model_name], 100 + rank).to(device, dtype))
-    opt = torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9)
-    gen = torch.Generator().manual_seed(1000 + rank)
-    grads = []
-    for _ in range(steps):
-        opt.zero_grad()
-        for micro in range(accum):
-            args, kwargs = _inputs(model_name, gen, rank)
-            args = tuple(a.to(device, dtype) for a in args)
-            with model.no_sync() if micro < accum - 1 else nullcontext():
-                model(*args, **kwargs).square().mean().backward()
-        grads.append([None if p.grad is None else p.grad.clone() for p in model.parameters()])
-        opt.step()
-    return grads, [t.detach().clone() for t in model.state_dict().values()], model
-
-
-def max_rel_error(a: list, b: list) -> float:
-    """Largest relative difference; a gradient present in one run and absent in the other is an infinite error."""
-    worst = 0.0
-    for x, y in zip(a, b, strict=True):
-        if (x is None) != (y is None):
-            return float("inf")
-        if x is None:
-            continue
-        x, y = x.double(), y.double()
-        worst = max(worst, ((x - y).abs().max() / y.abs().max().clamp_min(1e-12)).item())
-    return worst
-
-
-def compare(rank, ours_kwargs, torch_kwargs, model_name, accum=1, torch_hook=None, dtype=torch.float64,
-            device="cpu"):
-    def ours(m):
-        return OurDDP(m, **ours_kwargs)
-
-    def theirs(m):
-        ddp = TorchDDP(m, **torch_kwargs)
-        if torch_hook is not None:
-            ddp.register_comm_hook(None, torch_hook)
-        return ddp
-
-    g1, s1, _ = train(rank, ours, model_name, accum, dtype=dtype, device=device)
-    g2, s2, _ = train(rank, theirs, model_name, accum, dtype=dtype, device=device)
-    return max(max(max_rel_error(a, b) for a, b in zip(g1, g2)), max_rel_error(s1, s2))
 
 
 def equivalence_matrix(ctx):
@@ -172,8 +52,8 @@ def global_batch(ctx):
     rank, world_size = ctx.rank, ctx.world_size
     torch.manual_seed(7)
     data = [(torch.randn(4 * world_size, 6), torch.randn(4 * world_size, 3)) for _ in range(STEPS)]
-    ddp = OurDDP(_seeded(mlp, 0), bucket_cap_mb=0.001)
-    local = _seeded(mlp, 0)
+    ddp = OurDDP(seeded(mlp, 0), bucket_cap_mb=0.001)
+    local = seeded(mlp, 0)
     results = []
     for model in (ddp, local):
         opt = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
@@ -188,7 +68,7 @@ def global_batch(ctx):
 
 
 def bucket_order(ctx, rebuild):
-    model = OurDDP(_seeded(Reordered, 0), bucket_cap_mb=0, rebuild_buckets=rebuild)
+    model = OurDDP(seeded(Reordered, 0), bucket_cap_mb=0, rebuild_buckets=rebuild)
     before = [b["names"] for b in model.bucket_info()]
     for _ in range(2):
         model(torch.randn(4, 4)).sum().backward()
@@ -198,7 +78,7 @@ def bucket_order(ctx, rebuild):
 def timings(ctx):
     out = {}
     for overlap in (True, False):
-        model = OurDDP(_seeded(ConvNet, 0), bucket_cap_mb=0, overlap=overlap)
+        model = OurDDP(seeded(ConvNet, 0), bucket_cap_mb=0, overlap=overlap)
         for _ in range(3):
             model(torch.randn(8, 3, 16, 16)).sum().backward()
         out[overlap] = model.last_timing.as_dict()
@@ -207,33 +87,13 @@ def timings(ctx):
 
 # ---- misuse -------------------------------------------------------------------------------------------
 def missing_gradient(ctx):
-    model = OurDDP(_seeded(Branchy, 0), find_unused_parameters=False)
+    model = OurDDP(seeded(Branchy, 0), find_unused_parameters=False)
     model(torch.randn(2, 6), use_branch=True).sum().backward()
     model(torch.randn(2, 6), use_branch=True)  # raises: `never` got no gradient
 
 
 def mismatched_models(ctx):
     OurDDP(nn.Linear(4, 4) if ctx.rank == 0 else nn.Linear(4, 5))
-
-
-def nccl_matrix(ctx):
-    """equivalence_matrix's comparisons on one CUDA device per rank over NCCL (run by test_nccl): different
-    models and inputs per rank, five iterations each, bucket rebuild, no_sync, unused parameters, a hook."""
-    rank, device = ctx.rank, ctx.device
-    cases = {  # name: (ours' kwargs, torch's kwargs, model, no_sync accumulation, torch's hook, dtype)
-        "convnet cap=0": (dict(bucket_cap_mb=0), {}, "convnet", 1, None, torch.float64),
-        "convnet default cap": ({}, {}, "convnet", 1, None, torch.float64),
-        "reordered (rebuild)": (dict(bucket_cap_mb=0), {}, "reordered", 1, None, torch.float64),
-        "no_sync accum=3": (dict(bucket_cap_mb=0.01), {}, "convnet", 3, None, torch.float64),
-        "find_unused view": (dict(find_unused_parameters=True, gradient_as_bucket_view=True),
-                             dict(find_unused_parameters=True, gradient_as_bucket_view=True), "branchy", 2, None,
-                             torch.float64),
-        "fp16 hook": (dict(comm_hook="fp16"), {}, "mlp", 1, default_hooks.fp16_compress_hook, torch.float32),
-    }
-    errors = {name: compare(rank, ours, theirs, model, accum, hook, dtype, device)
-              for name, (ours, theirs, model, accum, hook, dtype) in cases.items()}
-    dist.barrier()
-    return errors
 
 
 def join_refused(ctx):
@@ -262,3 +122,8 @@ def freed_after_use(ctx):
         del model
     gc.collect()
     return [sum(m() is None and r() is None for m, r in refs), len(refs)]
+
+
+def device_matrix_cpu(ctx):
+    from harness import parity
+    return parity.device_matrix(ctx, "cpu")

@@ -1,0 +1,192 @@
+"""`make gpu-check`: what this suite says, checked on a CUDA machine in one command (about 5 minutes on one GPU).
+
+    make gpu-check                                     # any CUDA machine; without CUDA: one line, exit 0
+    PYTHONPATH=. python3 -m experiments.gpu_check      # a machine with torch preinstalled and no network
+    python -m experiments.gpu_check --device=cpu --models=small --bench_iters=3   # the same steps on CPU Gloo
+
+1. Ours equals torch's DDP on the device (``harness.parity.device_matrix``, float64 and float32): NCCL over every
+   GPU when there are several; with one GPU, Gloo with two ranks sharing it (NCCL refuses two ranks on one GPU).
+2. ``make bench`` at world size = number of GPUs (NCCL): ours / torch per (model, cap) with intervals, and the
+   cost of ours's instrumentation (timing on / off).
+3. A ``fig7`` smoke on NCCL (the caps above, one repetition).
+4. ``predict`` for fig7's largest-cap points, beside what fig7 measured.
+
+Writes ``<out>/summary.md`` (default ``<results>/gpu-check``), the bench's CSVs and fig7's results beside it (a
+results root of its own, so a smoke never mixes into the user's figures). ``--device=cpu`` runs the same steps on
+Gloo CPU ranks: a rehearsal of the command, never a GPU result.
+"""
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import subprocess
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+from harness import env, load_results, parity
+from harness.config import parse_dataclass
+from harness.errors import command_line, refusing
+from harness.launch import launch
+from harness.results import results_root
+from experiments.bench import BenchConfig, run_bench
+
+PROG = "python -m experiments.gpu_check"
+
+
+@dataclass(frozen=True)
+class GpuCheckConfig:
+    """Every field is a --key=value override."""
+
+    device: str = "cuda"  # cuda | cpu (the same steps on Gloo CPU ranks)
+    models: tuple[str, ...] = ("resnet50", "bert-base", "tiny-layers")
+    bucket_caps_mb: tuple[float, ...] = (1.0, 25.0)
+    bench_iters: int = 20
+    fig7_iters: int = 5
+    out: str = ""  # default <results>/gpu-check
+    timeout_s: float = 300.0
+
+
+def plan(cfg: GpuCheckConfig) -> dict:
+    """Backend and world sizes for this machine: NCCL over every GPU, Gloo sharing one GPU for the comparison."""
+    if cfg.device not in ("cuda", "cpu"):
+        raise ValueError(f"device must be 'cuda' or 'cpu', got {cfg.device!r}")
+    if cfg.bench_iters < 1 or cfg.fig7_iters < 1 or not cfg.models or not cfg.bucket_caps_mb:
+        raise ValueError("models and bucket_caps_mb must be non-empty, bench_iters and fig7_iters >= 1")
+    if cfg.device == "cpu":
+        return dict(backend="gloo", world_size=2, parity_backend="gloo", parity_world_size=2, profile="cpu")
+    gpus = env.cuda_devices()
+    return dict(backend="nccl", world_size=gpus, parity_backend="nccl" if gpus > 1 else "gloo",
+                parity_world_size=max(gpus, 2), profile="paper")
+
+
+def _parity_rank(ctx, device: str) -> dict:
+    """Rank body: with NCCL each rank's own GPU, with Gloo every rank on ``device`` (one GPU, or the CPU)."""
+    return parity.device_matrix(ctx, str(ctx.device) if ctx.backend == "nccl" else device)
+
+
+def check_parity(cfg: GpuCheckConfig, p: dict) -> dict:
+    device = "cuda:0" if cfg.device == "cuda" else "cpu"
+    ranks = launch(_parity_rank, p["parity_world_size"], p["parity_backend"], args=(device,),
+                   timeout_s=cfg.timeout_s, deadline_s=4 * cfg.timeout_s)
+    worst = {case: max(r[case] for r in ranks) for case in ranks[0]}
+    bound = {case: 5e-3 if "fp16" in case else 1e-6 for case in worst}
+    return dict(worst=worst, failed=[c for c in worst if not worst[c] <= bound[c]], bound=bound)
+
+
+def _cli(args: list[str], out: Path, timeout_s: float) -> subprocess.CompletedProcess:
+    """A suite command in a results root of its own (``out/results``)."""
+    run_env = dict(os.environ, DDP_REPRO_RESULTS=str(out / "results"))
+    return subprocess.run([sys.executable, "-m", "experiments", *args], capture_output=True, text=True,
+                          env=run_env, timeout=timeout_s)
+
+
+def fig7_smoke(cfg: GpuCheckConfig, p: dict, out: Path) -> dict:
+    caps = ",".join(f"{c:g}" for c in cfg.bucket_caps_mb)
+    proc = _cli(["fig7", f"--world_size={p['world_size']}", f"--backends={p['backend']}", f"--profile={p['profile']}",
+                 f"--models={','.join(cfg.models)}", f"--bucket_caps_mb={caps}", "--repeats=1",
+                 f"--iters={cfg.fig7_iters}", "--cluster="], out, 4 * cfg.timeout_s)
+    if proc.returncode != 0:
+        return dict(ok=False, error=proc.stderr.strip().splitlines()[-1:] or [f"exit {proc.returncode}"])
+    rows = load_results("fig7", out / "results")
+    rows = rows[rows["iteration"] >= 0] if "iteration" in rows else rows
+    per_point = rows.groupby(["model", "bucket_cap_mb", "iteration"])["total_ms"].max()  # the slowest rank's
+    medians = per_point.groupby(["model", "bucket_cap_mb"]).median()
+    forward = rows.groupby(["model", "bucket_cap_mb"])["forward_ms"].median()
+    return dict(ok=True, median_ms={f"{m} {c:g}": v for (m, c), v in medians.items()},
+                forward_ms={f"{m} {c:g}": v for (m, c), v in forward.items()})
+
+
+def predict_beside(cfg: GpuCheckConfig, p: dict, out: Path, measured: dict) -> list[dict]:
+    cap = max(cfg.bucket_caps_mb)
+    rows = []
+    for model in cfg.models:
+        proc = _cli(["predict", f"--model={model}", f"--backend={p['backend']}", f"--world_size={p['world_size']}",
+                     f"--profile={p['profile']}", f"--bucket_cap_mb={cap:g}", "--json"], out, 4 * cfg.timeout_s)
+        got = measured.get(f"{model} {cap:g}")
+        if proc.returncode != 0:
+            rows.append(dict(model=model, error=(proc.stderr.strip().splitlines() or ["?"])[-1]))
+            continue
+        predicted = json.loads(proc.stdout.strip().splitlines()[-1])["predicted_ms"]
+        rows.append(dict(model=model, cap=cap, predicted_ms=predicted, measured_ms=got,
+                         error_pct=None if got is None else (predicted / got - 1) * 100))
+    return rows
+
+
+def summary_markdown(cfg: GpuCheckConfig, p: dict, parity_result: dict, bench: dict, fig7: dict,
+                     predictions: list[dict], seconds: float) -> str:
+    import torch
+
+    device = torch.cuda.get_device_name(0) if cfg.device == "cuda" else "CPU (a rehearsal: not a GPU result)"
+    lines = [f"# gpu-check: {device}", "",
+             f"torch {torch.__version__}, {env.cuda_devices() if cfg.device == 'cuda' else 0} GPU(s), "
+             f"bench and fig7 on {p['backend']} x {p['world_size']}, comparison on {p['parity_backend']} x "
+             f"{p['parity_world_size']}; {seconds:.0f} s.", "",
+             "## 1. Ours against torch's DDP (largest relative difference, gradients and final state)", "",
+             "| case | worst | bound |", "|---|---|---|"]
+    lines += [f"| {c} | {v:.2e} | {parity_result['bound'][c]:.0e} |" for c, v in parity_result["worst"].items()]
+    lines += ["", "**" + ("all equal within bounds" if not parity_result["failed"] else
+                          f"DIFFERENT: {', '.join(parity_result['failed'])}") + "**", "",
+              "## 2. Bench: ours / torch per round (median, 95% interval); instrumentation cost", "",
+              "| model | cap MiB | ours ms | torch ms | ours / torch | interval | A/A | timing on/off |",
+              "|---|---|---|---|---|---|---|---|"]
+    for r in bench["summary"].to_dict("records"):
+        lines.append(f"| {r['model']} | {r['bucket_cap_mb']:g} | {r['ours_ms']:.1f} | {r['torch_ms']:.1f} | "
+                     f"{r['paired_both']:.3f} | [{r['paired_both_ci_lo']:.3f}, {r['paired_both_ci_hi']:.3f}] | "
+                     f"{r['aa_ratio']:.3f} | {1 + r['timing_overhead_pct'] / 100:.3f} |")
+    lines += ["", "| model | comparison | pooled | interval |", "|---|---|---|---|"]
+    lines += [f"| {r['model']} | {r['comparison']} | {r['pooled_ratio']:.3f} | [{r['ci_lo']:.3f}, {r['ci_hi']:.3f}] |"
+              for r in bench["pooled"].to_dict("records")]
+    lines += ["", "## 3. fig7 smoke (ours, one repetition: median of the slowest rank's iteration)", ""]
+    if fig7["ok"]:
+        lines += ["| point | median ms | forward ms |", "|---|---|---|"]
+        lines += [f"| {k} | {v:.1f} | {fig7['forward_ms'][k]:.1f} |" for k, v in fig7["median_ms"].items()]
+    else:
+        lines.append(f"**failed**: {' '.join(fig7['error'])}")
+    lines += ["", "## 4. predict beside fig7's measurement", "", "| model | predicted ms | measured ms | error |",
+              "|---|---|---|---|"]
+    for r in predictions:
+        if "error" in r:
+            lines.append(f"| {r['model']} | failed: {r['error']} | | |")
+        else:
+            measured = "-" if r["measured_ms"] is None else f"{r['measured_ms']:.1f}"
+            error = "-" if r["error_pct"] is None else f"{r['error_pct']:+.1f}%"
+            lines.append(f"| {r['model']} | {r['predicted_ms']:.1f} | {measured} | {error} |")
+    return "\n".join(lines) + "\n"
+
+
+def run(cfg: GpuCheckConfig) -> int:
+    with refusing():
+        p = plan(cfg)
+    if cfg.device == "cuda" and not env.cuda_available():
+        print(f"{PROG}: no CUDA GPU here (torch.cuda.is_available() is False): nothing to check", file=sys.stderr)
+        return 0
+    out = Path(cfg.out) if cfg.out else results_root() / "gpu-check"
+    out.mkdir(parents=True, exist_ok=True)
+    t0 = time.monotonic()
+    print(f"[gpu-check] 1/4 ours against torch's DDP ({p['parity_backend']} x {p['parity_world_size']})",
+          file=sys.stderr)
+    parity_result = check_parity(cfg, p)
+    print("[gpu-check] 2/4 bench", file=sys.stderr)
+    bench = run_bench(BenchConfig(models=cfg.models, bucket_caps_mb=cfg.bucket_caps_mb, iters=cfg.bench_iters,
+                                  world_size=p["world_size"], backend=p["backend"], profile=p["profile"],
+                                  memory=False, out=str(out / "bench"), timeout_s=cfg.timeout_s))
+    print("[gpu-check] 3/4 fig7 smoke", file=sys.stderr)
+    fig7 = fig7_smoke(cfg, p, out)
+    print("[gpu-check] 4/4 predict", file=sys.stderr)
+    predictions = predict_beside(cfg, p, out, fig7.get("median_ms", {}))
+    text = summary_markdown(cfg, p, parity_result, bench, fig7, predictions, time.monotonic() - t0)
+    (out / "summary.md").write_text(text)
+    print(text)
+    print(f"[gpu-check] written to {out / 'summary.md'}", file=sys.stderr)
+    return 1 if parity_result["failed"] or not fig7["ok"] else 0
+
+
+def main(argv=None) -> int:
+    return command_line(PROG, lambda: run(parse_dataclass(GpuCheckConfig, argv, prog=PROG)))
+
+
+if __name__ == "__main__":
+    sys.exit(main())

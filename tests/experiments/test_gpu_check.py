@@ -1,0 +1,42 @@
+"""`make gpu-check` on a machine without CUDA: one line and exit 0; its steps rehearsed on CPU Gloo ranks."""
+import os
+import subprocess
+import sys
+
+import pytest
+
+from experiments import gpu_check
+from experiments.gpu_check import GpuCheckConfig
+
+
+def test_without_cuda_it_says_so_in_one_line_and_exits_0():
+    proc = subprocess.run([sys.executable, "-m", "experiments.gpu_check"], capture_output=True, text=True,
+                          env=dict(os.environ, CUDA_VISIBLE_DEVICES=""), timeout=120)
+    assert proc.returncode == 0 and proc.stdout == ""
+    assert proc.stderr.strip().splitlines() == [
+        "python -m experiments.gpu_check: no CUDA GPU here (torch.cuda.is_available() is False): nothing to check"]
+
+
+def test_plan_uses_nccl_over_every_gpu_and_gloo_sharing_a_single_one(monkeypatch):
+    for gpus, parity in ((1, ("gloo", 2)), (4, ("nccl", 4))):
+        monkeypatch.setattr(gpu_check.env, "cuda_devices", lambda gpus=gpus: gpus)
+        p = gpu_check.plan(GpuCheckConfig())
+        assert (p["backend"], p["world_size"], p["profile"]) == ("nccl", gpus, "paper")
+        assert (p["parity_backend"], p["parity_world_size"]) == parity
+    with pytest.raises(ValueError, match="device must be 'cuda' or 'cpu'"):
+        gpu_check.plan(GpuCheckConfig(device="tpu"))
+
+
+@pytest.mark.timeout(600)
+def test_every_step_runs_and_lands_in_the_summary_on_cpu(tmp_path):
+    cfg = GpuCheckConfig(device="cpu", models=("small",), bucket_caps_mb=(25.0,), bench_iters=2, fig7_iters=1,
+                         out=str(tmp_path))
+    assert gpu_check.run(cfg) == 0
+    text = (tmp_path / "summary.md").read_text()
+    assert text.startswith("# gpu-check: CPU (a rehearsal: not a GPU result)")
+    assert "**all equal within bounds**" in text and text.count("float64 | 0.00e+00 |") == 6
+    assert "| small | 25 |" in text and "| small | ours / torch, torch_b |" in text  # the bench row and pool
+    assert "| small 25 |" in text  # fig7's point
+    predicted = [line for line in text.splitlines() if line.startswith("| small | ") and "%" in line]
+    assert len(predicted) == 1 and "failed" not in predicted[0]
+    assert (tmp_path / "bench" / "summary.csv").exists() and (tmp_path / "results").is_dir()
