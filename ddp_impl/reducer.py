@@ -305,7 +305,7 @@ class Reducer:
 
     def _launch(self, b: int) -> None:
         timing = self.timing
-        if timing is not None:
+        if timing is not None and (b == 0 or timing.per_bucket):
             timing.bucket_launch[b] = timing.clock.stamp()
         if self.comm_hook is None:  # in place on the ProcessGroup itself, as torch's C++ reducer does
             self._futures[b] = self._group_for(b).allreduce([self.flats[b]]).get_future()
@@ -349,14 +349,17 @@ class Reducer:
             grads = [p.grad for p in self.params]
             if any(g is None for g in grads):
                 grads = None
-        if timing is not None:  # finish stamped here, not by a callback on the comm thread; on the host clock a
-            # bucket already done now reads as done now, not after the write-back of the buckets before it
+        per_bucket = timing is not None and timing.per_bucket
+        if per_bucket:  # finish stamped here, not by a callback on the comm thread; on the host clock a bucket
+            # already done now reads as done now, not after the write-back of the buckets before it
             done = [timing.clock.on_host and f.done() for f in futures]
             timing.comm_end = now = timing.clock.stamp()
         with torch.no_grad():  # with create_graph=True this runs in grad mode: the copies are not part of it
             for b, f in enumerate(futures):
                 value = f.wait()
-                if timing is not None:
+                if timing is not None and not per_bucket and b == len(futures) - 1:
+                    timing.comm_end = timing.clock.stamp()  # the stream now waits for every reduction
+                if per_bucket:
                     if done[b]:
                         timing.bucket_finish[b] = now
                     else:

@@ -72,3 +72,21 @@ def test_the_gpu_checks_matrix_passes_on_cpu():
         assert len(errors) == 13 and {"fp16 hook float32", "overlap=False float64"} <= set(errors)
         bad = {name: err for name, err in errors.items() if err > (5e-3 if "fp16" in name else 1e-6)}
         assert not bad, bad
+
+
+def test_timing_on_an_event_clock_creates_no_event_after_warmup_and_stamps_per_bucket_only_when_tracing():
+    """CUDA's clock (events, here on the host's clock): the default stamps a fixed set per iteration whatever the
+    cap, from two reused sets; tracing adds every bucket's launch and finish. Both still give the phases."""
+    (got,) = launch(workers.event_stamps, 1, "gloo", timeout_s=60, deadline_s=120)
+    for (cap, mode), r in got.items():
+        created, t, buckets = r["created"], r["timing"], r["buckets"]
+        assert created[3] == created[-1], (cap, mode, created)  # nothing new once both sets exist (rebuilt)
+        launched = [x for x in t["bucket_launch_ms"] if x is not None]
+        finished = [x for x in t["bucket_finish_ms"] if x is not None]
+        if mode == "trace":
+            assert len(launched) == len(finished) == buckets
+        else:
+            assert len(launched) == 1 and not finished and created[-1] == 2 * 6, (cap, created)
+        assert 0 < t["forward_compute_time_ms"] <= t["backward_start_ms"] <= t["backward_end_ms"] <= t["comm_end_ms"]
+        assert t["backward_comm_time_ms"] >= 0 and t["exposed_comm_time_ms"] >= 0
+    assert got[(0, "trace")]["buckets"] > 1  # cap 0: one bucket per parameter

@@ -127,3 +127,40 @@ def freed_after_use(ctx):
 def device_matrix_cpu(ctx):
     from harness import parity
     return parity.device_matrix(ctx, "cpu")
+
+
+class FakeEvent:
+    """A CUDA event's interface on the host clock: counts how many a clock creates."""
+    created = 0
+
+    def __init__(self):
+        FakeEvent.created += 1
+        self.t = None
+
+    def record(self):
+        import time
+        self.t = time.perf_counter()
+
+    def synchronize(self):
+        pass
+
+    def elapsed_time(self, other):
+        return (other.t - self.t) * 1e3
+
+
+def event_stamps(ctx):
+    """Events an EventClock has created after each of 6 iterations, and the last iteration's timing, per
+    bucket cap and timing mode."""
+    from ddp_impl.timing import EventClock
+    out = {}
+    for cap in (0, 25):
+        for mode in (True, "trace"):
+            model = OurDDP(seeded(ConvNet, 0), bucket_cap_mb=cap, timing=mode)
+            model._clock = EventClock(FakeEvent)
+            FakeEvent.created, created = 0, []
+            for step in range(6):
+                model(torch.randn(8, 3, 16, 16)).sum().backward()
+                created.append(FakeEvent.created)
+            out[(cap, mode)] = dict(created=created, timing=model.last_timing.as_dict(),
+                                    buckets=len(model.reducer.buckets))
+    return out
