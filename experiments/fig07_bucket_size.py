@@ -61,36 +61,38 @@ def draw(df, cfg: Config, name: str, paper: dict):
     unavailable = common.missing_backends(ok, cfg.backends, cfg.world_size)
 
     def draw(ax, sel, model, backend):
-        ranking = verdicts.rank_options(verdicts.task_medians(sel, ["bucket_cap_mb"]))
-        marks = {**{c: "tied" for c in ranking.tied}, **{c: "?" for c in ranking.unresolved},
-                 **{c: "worse" for c in ranking.worse}, ranking.best: "best"}
-        common.latency_boxes(ax, sel, "bucket_cap_mb", lambda c: f"{common.fmt_mb(c)}\n{marks[c]}")
+        per_task = verdicts.task_medians(sel, ["bucket_cap_mb"])
+        ranking = verdicts.rank_options(per_task)
+        boxes, lower = common.split_panel(ax)
+        common.latency_boxes(boxes, sel, "bucket_cap_mb", common.fmt_mb)
         grad_mib = sel["num_params"].iloc[0] * 4 / 2**20
-        ax.set_title(f"{model} / {backend} (gradients: {grad_mib:.3g} MiB)", fontsize=10)
-        ax.set_xlabel("bucket cap (MiB); 0 = one bucket per parameter")
+        boxes.set_title(f"{model} / {backend} (gradients: {grad_mib:.3g} MiB)", fontsize=10)
+        caps = sorted(sel["bucket_cap_mb"].unique())
+        common.ranking_panel(lower, per_task, ranking, caps, common.fmt_mb, " MiB")
+        lower.set_xlabel("bucket cap (MiB); 0 = one bucket per parameter")
 
     gpus = paper_scale.GPUS[name]
     simulated = cfg.cluster and (lambda ax, model: paper_scale.draw_caps(ax, cfg.cluster, model, gpus,
                                                                          cfg.bucket_caps_mb))
-    fig = common.model_backend_panels(ok, cfg.models, cfg.backends, unavailable, draw, simulated=simulated)
-    note = (common.BOXES_NOTE + f". Under each cap, against the best (95% interval of the paired ratio over "
-            f"repetitions): tied = within {verdicts.EQUIVALENT:.0%}, worse = beyond, ? = not resolved"
-            + paper_scale.caption(cfg.cluster))
+    fig = common.model_backend_panels(ok, cfg.models, cfg.backends, unavailable, draw, simulated=simulated,
+                                      height=common.PAIRED_HEIGHT)
+    note = (common.BOXES_NOTE + common.PAIRED_NOTE + ": each cap's latency over the reference cap's. "
+            + common.ranking_note("cap") + paper_scale.caption(cfg.cluster))
     return common.finish(fig, f"Figure {name[3:]}: per-iteration latency vs bucket size, {common.ranks(cfg)}",
                          f"{paper['setup']}; {paper['claim']}", ok, note, unavailable=unavailable)
 
 
 def bucket_verdicts(df, cfg: Config) -> dict:
-    """(model, backend) -> the caps ranked against the best (``verdicts.rank_options``), the worst cap, the best
-    cap's latency and best vs worst (Spreads over repetitions, each ratio paired by ``verdicts.paired_ratios``)."""
+    """(model, backend) -> the caps ranked against the best (``verdicts.rank_options``; its reference where no cap
+    is best), the worst cap, the reference's latency and worst over reference (Spreads over repetitions, each ratio
+    paired by ``verdicts.paired_ratios``), as the figure draws them."""
     out = {}
     for (model, backend), series in task_medians(df, cfg).groupby(level=[0, 1]):
         per_cap = series.droplevel([0, 1])
         ranking = verdicts.rank_options(per_cap)
-        worst = verdicts.levels(per_cap).idxmax()
-        out[(model, backend)] = dict(ranking=ranking, worst=worst,
-                                     best_ms=verdicts.spread(verdicts.per_repeat(per_cap).xs(ranking.best)),
-                                     gain=verdicts.spread(verdicts.paired_ratios(per_cap, worst, ranking.best)))
+        out[(model, backend)] = dict(ranking=ranking, worst=ranking.worst,
+                                     best_ms=verdicts.spread(verdicts.per_repeat(per_cap).xs(ranking.reference)),
+                                     gain=ranking.ratios[ranking.worst])
     return out
 
 
@@ -100,14 +102,21 @@ def summarize(df, cfg: Config) -> str:
     def caps(values):
         return ", ".join(common.fmt_mb(c) for c in values) + " MiB" if values else "none"
 
-    lines = [f"{model}/{backend}: best cap {common.fmt_mb(v['ranking'].best)} MiB, {v['best_ms'].fmt()}; tied with it "
-             f"(within {verdicts.EQUIVALENT:.0%}): {caps(v['ranking'].tied)}; not resolved: "
-             f"{caps(v['ranking'].unresolved)}; worse: {caps(v['ranking'].worse)}; worst {common.fmt_mb(v['worst'])} "
-             f"MiB; best vs worst {v['gain'].fmt('x', 2)} (paper: >{claim:.0f}x, {verdicts.verdict(v['gain'], claim)})"
-             for (model, backend), v in bucket_verdicts(df, cfg).items()]
+    lines = []
+    for (model, backend), v in bucket_verdicts(df, cfg).items():
+        r, ref = v["ranking"], common.fmt_mb(v["ranking"].reference)
+        best = (f"best cap {ref} MiB" if r.best is not None else
+                f"best cap not resolved ({caps(r.faster)} faster than {ref} MiB in their own paired medians, which go "
+                f"round; {ref} MiB, beaten by the least, is the reference)")
+        lines.append(f"{model}/{backend}: {best}, {v['best_ms'].fmt()}; tied with it (within "
+                     f"{verdicts.EQUIVALENT:.0%}): {caps(r.tied)}; not resolved: {caps(r.unresolved)}; worse: "
+                     f"{caps(r.worse)}; worst {common.fmt_mb(v['worst'])} MiB; "
+                     f"{'best' if r.best is not None else ref + ' MiB'} vs worst "
+                     f"{v['gain'].fmt('x', 2)} (paper: >{claim:.0f}x, {verdicts.verdict(v['gain'], claim)})")
     return "\n".join(lines) or "no results"
 
 
 def claims(df, cfg: Config, name: str = FIGURE) -> list[verdicts.Claim]:
-    return [verdicts.Claim(name, f"best vs worst bucket cap, {m}/{b}", "x", PAPER["best_vs_worst_speedup"],
-                           v["gain"]) for (m, b), v in bucket_verdicts(df, cfg).items()]
+    return [verdicts.Claim(name, f"{'best' if v['ranking'].best is not None else 'reference'} vs worst bucket cap, "
+                                 f"{m}/{b}", "x", PAPER["best_vs_worst_speedup"], v["gain"])
+            for (m, b), v in bucket_verdicts(df, cfg).items()]

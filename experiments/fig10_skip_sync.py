@@ -74,6 +74,8 @@ def plot(df, cfg: Config):
         sizes = sorted(int(n) for n in sel["world_size"].unique())
         ns = sorted(int(n) for n in sel["sync_every"].unique())
         width = 0.8 / max(1, len(sizes))
+        upper, lower = common.split_panel(ax)
+        upper.set_title(f"{model} / {backend}", fontsize=10)
         for (label, per_repeat), (_, style) in zip(_repeat_values(sel).items(), styles.items()):
             for j, ws in enumerate(sizes):
                 xs, centers, errs = [], [], [[], []]
@@ -84,18 +86,37 @@ def plot(df, cfg: Config):
                         centers.append(sp.center)
                         errs[0].append(sp.center - sp.lo)
                         errs[1].append(sp.hi - sp.center)
-                ax.errorbar(xs, centers, yerr=errs, ls="none", color=f"C{j}", capsize=2, **style,
-                            label=f"{ws} ranks, {label}")
-        ax.set_ylim(bottom=0)
-        ax.set_xticks(range(len(ns)), [str(n) for n in ns])
-        ax.set_xlabel("synchronize every n iterations")
-        ax.set_ylabel("latency per iteration (ms)")
-        ax.legend(fontsize=6, loc="upper left", bbox_to_anchor=(1.01, 1))
-        ax.grid(axis="y", alpha=0.3)
+                upper.errorbar(xs, centers, yerr=errs, ls="none", color=f"C{j}", capsize=2, **style,
+                               label=f"{ws} ranks, {label}")
+        upper.set_ylim(bottom=0)
+        upper.set_ylabel("latency per iteration (ms)")
+        upper.legend(fontsize=6, loc="upper left", bbox_to_anchor=(1.01, 1))
+        upper.grid(axis="y", alpha=0.3)
+        for j, ws in enumerate(sizes):  # the summary's saving vs n = 1, as it computes it
+            per_task = verdicts.task_medians(sel[sel["world_size"] == ws], ["sync_every"], agg="mean")
+            per_n = _saving_per_repeat(per_task)
+            if per_n:
+                common.paired_panel(lower, per_n, [ns.index(n) - 0.4 + width * (j + 0.5) for n in per_n], 0.0,
+                                    color=f"C{j}", label=f"{ws} ranks", dots_label=None)
+        lower.set_xticks(range(len(ns)), [str(n) for n in ns])
+        lower.set_xlabel("synchronize every n iterations")
+        lower.set_ylabel("amortized saving\nvs n = 1 (%), paired")
+        if lower.get_legend_handles_labels()[0]:
+            lower.legend(fontsize=6, loc="upper left", bbox_to_anchor=(1.01, 1))
 
-    fig = common.model_backend_panels(ok, cfg.models, cfg.backends, unavailable, draw, width=6.5)
+    fig = common.model_backend_panels(ok, cfg.models, cfg.backends, unavailable, draw, width=6.5,
+                                      height=common.PAIRED_HEIGHT)
+    note = (". Above, markers: median over repetitions, bars: its 95% interval" + common.PAIRED_NOTE
+            + ": 100 x (1 - n's amortized latency over n = 1's), per world size")
     return common.finish(fig, "Figure 10: skipping gradient synchronization", f"{PAPER['setup']}; {PAPER['claim']}",
-                         ok, ". Markers: median over repetitions, bars: its 95% interval", unavailable=unavailable)
+                         ok, note, unavailable=unavailable)
+
+
+def _saving_per_repeat(per_task) -> dict:
+    """n -> the amortized saving vs n = 1 in percent, one per repetition (paired in its task), from the amortized
+    means per (n, repetition, task) of one world size; empty without n = 1."""
+    ns = sorted(set(per_task.index.get_level_values(0)))
+    return {n: 100 * (1 - verdicts.paired_ratios(per_task, n, 1)) for n in ns if n != 1} if 1 in ns else {}
 
 
 def _savings(df, cfg: Config) -> dict:
@@ -107,8 +128,8 @@ def _savings(df, cfg: Config) -> dict:
     for key, s in per_task.groupby(level=[0, 1, 2]):
         s = s.droplevel([0, 1, 2])
         ns = sorted(set(s.index.get_level_values(0)))
-        saving = (ns[-1], verdicts.spread(100 * (1 - verdicts.paired_ratios(s, ns[-1], 1)))) \
-            if 1 in ns and len(ns) > 1 else None
+        per_n = _saving_per_repeat(s)
+        saving = (ns[-1], verdicts.spread(per_n[ns[-1]])) if per_n else None
         out[key] = ({n: verdicts.spread(verdicts.per_repeat(s).xs(n)) for n in ns}, saving)
     return out
 

@@ -95,21 +95,30 @@ def report(out: dict) -> str:
     per = out["measured"]
     if per is not None and len(per):
         ranking = verdicts.rank_options(per)
-        best, tied = ranking.best, ranking.not_worse
+        ref, tied = ranking.reference, ranking.not_worse
+        against = (f"the best measured ({ref:g} MiB)" if ranking.best is not None else
+                   f"{ref:g} MiB (no measured cap is best: {', '.join(f'{c:g}' for c in ranking.faster)} MiB faster "
+                   f"than it in their own paired medians, which go round; {ref:g} MiB is beaten by the least)")
         for name, cap in (("recommended", rec), ("torch's default", DEFAULT_CAP_MB)):
-            ratio = verdicts.spread(verdicts.paired_ratios(per, cap, best))
+            ratio = ranking.ratios[cap]
             lines.append(f"measured {name} {cap:g} MiB: {verdicts.spread(verdicts.per_repeat(per).xs(cap)).fmt()}, "
-                         f"{ratio.fmt('x', 3)} of the best measured ({best:g} MiB)")
-        lines.append(f"caps not worse than the best beyond {verdicts.EQUIVALENT:.0%}: "
-                     f"{', '.join(f'{c:g}' for c in tied)} MiB; "
+                         f"{ratio.fmt('x', 3)} of {against}")
+        lines.append(f"caps not worse than {'the best' if ranking.best is not None else f'{ref:g} MiB'} beyond "
+                     f"{verdicts.EQUIVALENT:.0%}: {', '.join(f'{c:g}' for c in tied)} MiB; "
                      f"the recommendation is {'among' if rec in tied else 'NOT among'} them")
     return "\n".join(lines)
 
 
 def plot(out: dict, cfg: Config, root=None):
     import matplotlib.pyplot as plt
+    from matplotlib.ticker import NullLocator
 
-    fig, ax = plt.subplots(figsize=(6.5, 4))
+    per = out["measured"]
+    measured = per is not None and len(per)
+    fig, axes = plt.subplots(2 if measured else 1, 1, figsize=(6.5, 6.5 if measured else 4), sharex=True,
+                             squeeze=False, height_ratios=(3, 2) if measured else None)
+    ax = axes[0][0]
+    ax.set(xscale="log", ylabel="ms per iteration")  # before the lower panel's ticks, which a new scale resets
     caps = sorted(out["predicted"])
     x = [max(c, 0.1) for c in caps]  # 0 MiB drawn at 0.1 on the log axis
     ax.plot(x, [out["predicted"][c] for c in caps], "--", color="C0", label="predicted (simulated)")
@@ -117,18 +126,28 @@ def plot(out: dict, cfg: Config, root=None):
                     label="predicted, latency x0.5-2, contention x0.5-1.5")
     rec = out["recommended_mb"]
     ax.plot([max(rec, 0.1)], [out["predicted"][rec]], "*", ms=14, color="C0", label=f"recommended: {rec:g} MiB")
-    per = out["measured"]
-    if per is not None and len(per):
+    note = ". Predicted: the calibrated simulator (experiments/predict.py); measured: ours, interleaved repetitions"
+    if measured:
         for cap, values in per.groupby(level=0):
             ax.plot([max(cap, 0.1)] * len(values), values.to_numpy(), "o", color="C1", ms=4, alpha=0.7)
         med = per.groupby(level=0).median()
         ax.plot([max(c, 0.1) for c in med.index], med.to_numpy(), "-", color="C1",
                 label="measured (repetition medians)")
-    ax.set(xscale="log", xlabel="bucket cap (MiB; 0 drawn at 0.1)", ylabel="ms per iteration")
+        lower = axes[1][0]
+        ranking = verdicts.rank_options(per)
+        measured_caps = sorted(per.index.unique(level=0))
+        common.ranking_panel(lower, per, ranking, measured_caps, lambda c: f"{c:g}", " MiB",
+                             [max(c, 0.1) for c in measured_caps])
+        lower.plot([max(rec, 0.1)], [ranking.ratios[rec].center], "*", ms=12, color="C0", zorder=3)
+        lower.xaxis.set_minor_locator(NullLocator())
+        lower.set_xlabel("bucket cap (MiB; 0 drawn at 0.1; star = recommended)")
+        note += common.PAIRED_NOTE + ": each measured cap's latency over the reference cap's. " + \
+            common.ranking_note("cap")
+    else:
+        ax.set_xlabel("bucket cap (MiB; 0 drawn at 0.1)")
     ax.legend(fontsize=8)
-    common.finish(fig, f"Bucket cap tuning: {cfg.model}, {cfg.world_size} ranks, net={cfg.net}", "", load_results(
-        EXPERIMENT, root), note=". Predicted: the calibrated simulator (experiments/predict.py); measured: ours, "
-                                "interleaved repetitions")
+    common.finish(fig, f"Bucket cap tuning: {cfg.model}, {cfg.world_size} ranks, net={cfg.net}", "",
+                  load_results(EXPERIMENT, root), note=note)
     return common.save(fig, EXPERIMENT, root)
 
 

@@ -17,6 +17,7 @@ import pandas as pd
 from harness import stats
 
 EQUIVALENT = 0.05  # a setting within 5% of the best counts as tied with it (rank_options)
+_ROUNDING = 1e-9  # a ratio through an anchor that should be 1 can come out a rounding error below it
 
 
 def task_medians(ok: pd.DataFrame, keys: list[str], value: str = "total_ms", agg: str = "median") -> pd.Series:
@@ -80,18 +81,24 @@ def paired_ratios(per_task: pd.Series, option, reference) -> np.ndarray:
         a, b = per_task.xs(option), per_task.xs(reference)
         both = a.index.intersection(b.index)
         return (a[both] / b[both]).to_numpy()
-    table = per_task.unstack(0)  # (repeat, task) x option
-    ratios = []
-    for _, tasks in table.groupby(level="repeat"):
-        column = {o: tasks.iloc[:, i] for i, o in enumerate(tasks.columns)}  # options may be booleans: no masks
-        if column[option].notna().any() and column[reference].notna().any():
-            ratios.append(_ratio_in_repeat(column, option, reference))
-    return np.asarray(ratios)
+    return _paired(_by_repeat(per_task), option, reference)
+
+
+def _by_repeat(per_task: pd.Series) -> list[dict]:
+    """Per repetition: option -> its medians in that repetition's tasks (NaN in a task that did not measure it)."""
+    table = per_task.unstack(0)  # (repeat, task) x option; options may be booleans: columns by position
+    return [{o: tasks.iloc[:, i].to_numpy(dtype=float) for i, o in enumerate(tasks.columns)}
+            for _, tasks in table.groupby(level="repeat")]
+
+
+def _paired(repeats: list[dict], option, reference) -> np.ndarray:
+    return np.asarray([_ratio_in_repeat(column, option, reference) for column in repeats
+                       if not np.isnan(column[option]).all() and not np.isnan(column[reference]).all()])
 
 
 def _ratio_in_repeat(column: dict, option, reference) -> float:
     def median_ratio(a, b):
-        both = column[a].notna() & column[b].notna()
+        both = ~np.isnan(column[a]) & ~np.isnan(column[b])
         return float(np.median(column[a][both] / column[b][both])) if both.any() else None
 
     direct = median_ratio(option, reference)
@@ -101,26 +108,55 @@ def _ratio_in_repeat(column: dict, option, reference) -> float:
         via_o, via_r = median_ratio(option, anchor), median_ratio(reference, anchor)
         if via_o is not None and via_r is not None:
             return via_o / via_r
-    return float(column[option].median() / column[reference].median())
+    return float(np.nanmedian(column[option]) / np.nanmedian(column[reference]))
 
 
-def levels(per_task: pd.Series) -> pd.Series:
-    """Each option's median paired ratio (:func:`paired_ratios`) to the option fastest in absolute terms: their
-    order, unlike absolute medians, does not move with the drift of the tasks that measured them."""
-    reference = per_repeat(per_task).groupby(level=0).median().idxmin()
-    options = per_task.index.unique(level=0)
-    return pd.Series([float(np.median(paired_ratios(per_task, o, reference))) for o in options], index=options)
+def median_ratios(per_task: pd.Series) -> pd.DataFrame:
+    """Every option's (rows) median :func:`paired_ratios` to every other (columns): the centers a figure draws."""
+    options = list(per_task.index.unique(level=0))
+    repeats = _by_repeat(per_task) if "task" in per_task.index.names else None  # one unstack for every pair
+
+    def ratios(o, r):
+        return _paired(repeats, o, r) if repeats is not None else paired_ratios(per_task, o, r)
+
+    return pd.DataFrame([[float(np.median(ratios(o, r))) if o != r else 1.0 for r in options] for o in options],
+                        index=options, columns=options)
+
+
+def _says_faster(table: pd.DataFrame, option, reference) -> float:
+    """How much faster ``option``'s own paired comparison with ``reference`` says it is, read both ways (``option /
+    reference`` and ``1 / (reference / option)``, which differ when an even number of repetitions is averaged):
+    below 1, faster."""
+    return min(table.loc[option, reference], 1 / table.loc[reference, option])
 
 
 class Ranking(NamedTuple):
-    """Options against the best, by the 95% interval of their paired ratio to it (over repetitions): ``tied``
-    (the best included) lies within 1 + :data:`EQUIVALENT`, ``worse`` beyond it, ``unresolved`` straddles it. Two
-    runs agree within their uncertainty when no option is tied in one and worse in the other."""
+    """Options against ``reference``, by the 95% interval of their paired ratio to it over repetitions
+    (``ratios``: a :class:`Spread` per option, the reference's 1): ``tied`` (the reference included) lies within
+    1 + :data:`EQUIVALENT`, ``worse`` beyond it, ``unresolved`` straddles it. Two runs agree within their
+    uncertainty when no option is tied in one and worse in the other.
 
-    best: object
+    The reference is the best (:attr:`best`) when no option's median paired ratio to it says faster. Medians over
+    repetitions are not transitive: the pairs can go round in a cycle (a beats b beats c beats a), and then no
+    option is the best; the reference is the option the others beat by the least, and ``faster`` names those
+    that beat it."""
+
+    reference: object
     tied: list
     unresolved: list
     worse: list
+    faster: list
+    ratios: dict
+
+    @property
+    def best(self):
+        """The reference, where no option's paired comparison with it says faster; None where that is not resolved."""
+        return None if self.faster else self.reference
+
+    @property
+    def worst(self):
+        """The option with the highest median paired ratio to the reference (drawn highest)."""
+        return max(self.ratios, key=lambda o: (self.ratios[o].center, self.ratios[o].hi))
 
     @property
     def not_worse(self) -> list:
@@ -128,18 +164,28 @@ class Ranking(NamedTuple):
 
 
 def rank_options(per_task: pd.Series) -> Ranking:
-    """The option (first index level) with the lowest :func:`levels`, and every option classed against it
-    (:class:`Ranking`). Differences under :data:`EQUIVALENT` are not ones to choose a setting by, and a 10-minute
-    run on this machine does not resolve them (REPRODUCTION.md, fig 7 notes)."""
-    level = levels(per_task)
-    best = level.idxmin()
+    """Every option (first index level) classed against a reference (:class:`Ranking`): the option whose own paired
+    comparison with every other says it is not slower (the lowest absolute median if several), else the one the
+    others beat by the least. Never the option with the lowest median ratio to some third option: that one can
+    be beaten in its own comparison with another. Differences under :data:`EQUIVALENT` are not ones to choose a
+    setting by, and a 10-minute run on this machine does not resolve them (REPRODUCTION.md, fig 7 notes)."""
+    table = median_ratios(per_task)
+    absolute = per_repeat(per_task).groupby(level=0).median()
+
+    def beaten_by(reference) -> float:  # the lowest "says faster" of another option; 1 where none is below 1
+        lowest = min([1.0, *(_says_faster(table, o, reference) for o in table.index if o != reference)])
+        return 1.0 if lowest > 1 - _ROUNDING else lowest
+
+    reference = max(table.index, key=lambda r: (beaten_by(r), -absolute[r]))
+    faster = sorted(o for o in table.index if o != reference and _says_faster(table, o, reference) < 1 - _ROUNDING)
     classes: dict[str, list] = {"tied": [], "unresolved": [], "worse": []}
-    for option in sorted(level.index):
-        ratio = spread(paired_ratios(per_task, option, best))
-        kind = ("tied" if option == best or ratio.hi <= 1 + EQUIVALENT else
+    ratios = {}
+    for option in sorted(table.index):
+        ratios[option] = ratio = spread(paired_ratios(per_task, option, reference))
+        kind = ("tied" if option == reference or ratio.hi <= 1 + EQUIVALENT else
                 "worse" if ratio.lo > 1 + EQUIVALENT else "unresolved")
         classes[kind].append(option)
-    return Ranking(best, **classes)
+    return Ranking(reference, **classes, faster=faster, ratios=ratios)
 
 
 def verdict(measured: Spread, threshold: float) -> str:

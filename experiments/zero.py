@@ -142,7 +142,7 @@ def plot(df, cfg: Config):
     ok = _selected(df, cfg)
     models = [m for m in cfg.models if (ok["model"] == m).any()] or list(cfg.models)
     cols = ["runtime", "memory", "timeline", "traffic"]
-    fig, axes = common.grid(models, cols, width=4.6, height=3.4)
+    fig, axes = common.grid(models, cols, width=4.6, height=4.2)  # room for the runtime's paired panel
     for r, model in enumerate(models):
         sel = ok[ok["model"] == model]
         if sel.empty:
@@ -154,7 +154,10 @@ def plot(df, cfg: Config):
         _timeline(axes[r][2], sel, model)
         _traffic(axes[r][3], sel, model)
     note = (f". Optimizer {cfg.optimizer}{', activation checkpointing' if cfg.checkpointing else ''}. Runtime boxes: "
-            "every rank's measured iterations of all repetitions (whiskers 1.5 IQR, outliers as points). Memory: "
+            "every rank's measured iterations of all repetitions (whiskers 1.5 IQR, outliers as points); below them, "
+            "the statistic of the claim 'ZeRO-3 slower than DDP': each system's latency over torch DDP's at the "
+            "same N, per repetition (dots; the ratio of repetition medians) and their median with its 95% interval "
+            "(square and bar). Memory: "
             "categories at the profiled peak of rank 0 (torch.profiler; harness/memory.py), x = the peak measured "
             "without the profiler, o = ZeRO's model-state formula. Traffic: bytes rank 0's namespace sent per rank "
             "in one iteration; x = theory (ring collectives)")
@@ -170,12 +173,32 @@ def _labels(sel: pd.DataFrame) -> list[tuple[str, int]]:
 
 def _runtime(ax, sel: pd.DataFrame, model: str) -> None:
     pairs = _labels(sel)
+    boxes, lower = common.split_panel(ax)
     data = [sel.loc[(sel["impl"] == i) & (sel["n"] == n), "total_ms"] for i, n in pairs]
-    ax.boxplot(data, tick_labels=[f"{i}\nN={n}" for i, n in pairs], flierprops=dict(ms=2))
-    ax.set_title(f"{model}: per-iteration latency", fontsize=10)
-    ax.set_ylabel("ms")
-    ax.tick_params(axis="x", labelsize=6, rotation=90)
-    ax.grid(axis="y", alpha=0.3)
+    boxes.boxplot(data, flierprops=dict(ms=2))
+    boxes.set_title(f"{model}: per-iteration latency", fontsize=10)
+    boxes.set_ylabel("ms")
+    boxes.grid(axis="y", alpha=0.3)
+    ratios = _vs_torch(sel)  # the claim's statistic (_verdicts), for every system at every N with torch DDP
+    drawn = [(x, pair) for x, pair in enumerate(pairs, start=1) if pair in ratios]
+    if drawn:
+        common.paired_panel(lower, {pair: ratios[pair] for _, pair in drawn}, [x for x, _ in drawn])
+    lower.set_ylabel("latency / torch\nDDP's, paired")
+    lower.set_xticks(range(1, len(pairs) + 1), [f"{i}\nN={n}" for i, n in pairs])
+    lower.tick_params(axis="x", labelsize=6, rotation=90)
+
+
+def _vs_torch(sel: pd.DataFrame) -> dict:
+    """(system, N) -> its latency over torch DDP's at the same N, one ratio per repetition (``verdicts.paired_ratios``
+    of repetition medians), for every system but torch at every N where torch DDP ran."""
+    per_repeat = verdicts.repeat_medians(sel, ["impl", "n"])
+    out = {}
+    for n in sorted(set(per_repeat.index.get_level_values(1))):
+        s = per_repeat.xs(n, level=1)
+        if "torch" in s.index.get_level_values(0):
+            out.update({(impl, int(n)): verdicts.paired_ratios(s, impl, "torch")
+                        for impl in _order(s.index.get_level_values(0)) if impl != "torch"})
+    return out
 
 
 def _memory(ax, sel: pd.DataFrame, model: str, cfg: Config) -> None:
@@ -293,13 +316,11 @@ def _verdicts(df, cfg: Config, model: str) -> list[str]:
     memory per rank falling as 1/N (peak and model state from the fewest to the most ranks)."""
     ok = _selected(df, cfg)
     ok = ok[ok["model"] == model]
-    per_repeat = verdicts.repeat_medians(ok, ["impl", "n"])
+    vs_torch = _vs_torch(ok)
     out = []
     for zero3 in ("deepspeed3", "fsdp"):
-        keys = set(per_repeat.index.droplevel(-1))
-        if {(zero3, 2), ("torch", 2)} <= keys:
-            s = per_repeat.xs(2, level=1)
-            ratio = verdicts.spread(verdicts.paired_ratios(s, zero3, "torch"))
+        if (zero3, 2) in vs_torch:
+            ratio = verdicts.spread(vs_torch[zero3, 2])
             out.append(f"  claim 'ZeRO-3 slower than DDP at 2 workers' ({zero3} / torch DDP latency, N=2): "
                        f"{ratio.fmt('x', 2)}: {verdicts.verdict(ratio, 1.0)}")
         r0 = _rank0(ok[ok["impl"] == zero3])

@@ -6,9 +6,15 @@ import pandas as pd
 import pytest
 from PIL import Image
 
+import matplotlib.pyplot as plt
+import numpy as np
+
+from experiments import common, tune, verdicts
+from experiments import fig07_bucket_size as fig7
 from experiments.__main__ import main
 from experiments.registry import drivers, stored_config
 from harness import load_results, point_id
+from tests.experiments.test_verdicts import fig7_case
 
 TINY = {
     "fig2": ["--params_per_call=50000,200000", "--total_params=200000", "--compute_model=small"],
@@ -21,6 +27,7 @@ TINY = {
     "fig12": ["--models=small", "--groups=1,3"],
     "zero": ["--models=small", "--world_sizes=1,2", "--systems=torch,zero1,fsdp,deepspeed3"],
 }
+RANKS_OPTIONS = {"fig7", "fig8", "fig10", "fig12", "zero"}  # and tune (test_tune_draws_...)
 REPO = Path(__file__).resolve().parents[2]
 COMMON = ["--iters=2", "--warmup=1", "--profile=cpu", "--repeats=1"]
 
@@ -50,6 +57,10 @@ def test_driver_end_to_end(name, results_dir, monkeypatch):
     assert (results_dir / "figures" / f"{name}.pdf").stat().st_size > 0
     with Image.open(png) as im:
         assert im.size[0] > 400 and len(im.convert("L").getcolors(maxcolors=1 << 16) or []) > 20  # drawn, not blank
+    if name in RANKS_OPTIONS:  # beside the latencies, the paired statistic its verdicts read
+        fig = driver.plot(df, stored_config(driver, results_dir))
+        assert any(common.drawn_paired(ax) for ax in fig.axes), name
+        plt.close(fig)
 
 
 def test_repetitions_run_in_seeded_interleaved_passes(results_dir):
@@ -119,3 +130,66 @@ def test_fig10_measures_after_the_first_synchronized_iteration_and_the_rebuild_a
     rows = pd.DataFrame(dict(model="small", sync_every=[1, 8, 8], warmup=[2, 2, 16], bucket_cap_mb=25.0, error="",
                              synced=True, net=cfg.net, hosts=1, impl="ours", total_ms=[1.0, 2.0, 3.0]))
     assert list(fig10._selected(rows, cfg)["total_ms"]) == [1.0, 3.0]
+
+
+def _paired_panels(fig) -> dict:
+    """The title of each panel over a paired panel -> (what that panel drew, its x tick labels)."""
+    out = {}
+    for lower in fig.axes:
+        drawn = common.drawn_paired(lower)
+        if drawn:
+            [upper] = [ax for ax in fig.axes if ax is not lower and ax.get_title()
+                       and lower.get_shared_x_axes().joined(lower, ax)]
+            out[upper.get_title()] = drawn, [t.get_text() for t in lower.get_xticklabels()]
+    return out
+
+
+def _agrees(drawn: dict, ranking: verdicts.Ranking, labels: list, options: list) -> dict:
+    """Checks that a paired panel draws ``ranking``'s own numbers and that the option marked best has no option drawn
+    below it; returns option -> its mark."""
+    for option in options:
+        assert np.allclose(drawn[str(option)], ranking.ratios[option][:3]), option  # center, lo, hi: the verdict's
+    marks = dict(zip(options, (label.split("\n")[1] for label in labels)))
+    assert marks == common.verdict_marks(ranking)
+    if "best" in marks.values():
+        assert all(center >= 1 for center, _, _ in drawn.values()), "an option drawn faster than the one called best"
+    return marks
+
+
+def test_fig7_calls_a_cap_best_only_where_the_paired_ratios_it_draws_agree():
+    """The fresh run whose figure called BERT-base's 1 MiB best beside visibly lower boxes of 5, 25 and 100 MiB: under
+    each cap the figure now draws what the verdict rests on, every cap's paired ratio to the reference with its
+    interval, and marks a cap best only where no cap is drawn below it (here none: 0 MiB beats 1 MiB)."""
+    df, cfg = fig7_case(), fig7.Config(cluster="")
+    fig = fig7.plot(df, cfg)
+    panels = _paired_panels(fig)
+    plt.close(fig)
+    per_task = fig7.task_medians(df, cfg)
+    marks = {}
+    for model in cfg.models:
+        [(drawn, labels)] = [v for title, v in panels.items() if title.startswith(f"{model} / gloo")]
+        caps = sorted(per_task.xs(model).index.unique(level="bucket_cap_mb"))
+        marks[model] = _agrees(drawn, verdicts.rank_options(per_task.xs((model, "gloo"))), labels, caps)
+    assert marks["bert-base"][1] == "ref" and "best" not in marks["bert-base"].values()
+    assert marks["resnet50"] == {0: "worse", 1: "tied", 5: "tied", 25: "best", 100: "worse", 1000: "worse"}
+    summary = fig7.summarize(df, cfg)
+    assert "bert-base/gloo: best cap not resolved (0 MiB faster than 1 MiB" in summary
+    assert "resnet50/gloo: best cap 25 MiB" in summary
+
+
+def test_tune_draws_the_paired_ratios_its_report_reads(tmp_path, monkeypatch):
+    case = fig7_case()
+    per_task = verdicts.task_medians(case[case["model"] == "resnet50"], ["bucket_cap_mb"])
+    grid = (0.0, 1.0, 5.0, 25.0, 100.0, 1000.0)
+    out = dict(recommended_mb=5.0, predicted={c: 100.0 + c / 10 for c in grid}, measured=per_task,
+               band={c: (90.0, 110.0 + c / 10) for c in grid}, regret={c: 1.0 for c in grid})
+    figures = []
+    monkeypatch.setattr(common, "save", lambda fig, name, root=None: figures.append(fig) or tmp_path / "tune.png")
+    tune.plot(out, tune.Config(), tmp_path)
+    [lower] = [ax for ax in figures[0].axes if common.drawn_paired(ax)]
+    ranking = verdicts.rank_options(per_task)
+    marks = _agrees(common.drawn_paired(lower), ranking, [t.get_text() for t in lower.get_xticklabels()], list(grid))
+    assert marks[25] == "best" and marks[5] == "tied"
+    assert f"measured recommended 5 MiB: {verdicts.spread(verdicts.per_repeat(per_task).xs(5)).fmt()}, " \
+           f"{ranking.ratios[5].fmt('x', 3)} of the best measured (25 MiB)" in tune.report(out)
+    plt.close(figures[0])
