@@ -3,25 +3,32 @@
     python -m experiments list                      the drivers found in this folder
     python -m experiments fig7 [--key=value ...]    sweep (stored points are skipped), then plot
     python -m experiments fig7 --dry-run            list the points and whether each is stored
-    python -m experiments plots [fig7 ...]          redraw figures from the stored CSVs, no runs
+    python -m experiments plots [fig7 ...]          redraw every figure whose results are stored (or those named),
+                                                    no runs; --figures_dir=DIR writes them there
     python -m experiments report [fig7 ...]         markdown: per figure, the paper's claim beside what was measured
     python -m experiments claims                    one chart of every measured number beside the paper's
     python -m experiments predict [--key=value ...] a point's latency predicted by the calibrated simulator
 
-Under torchrun every rank runs the sweep in place and rank 0 stores and plots (see harness/README.md).
+Figures go to results/figures/ (``$DDP_REPRO_RESULTS``/figures/), or where ``--figures_dir`` or
+``$DDP_REPRO_FIGURES`` says; redrawing the committed reference (``DDP_REPRO_RESULTS=results/reference``) writes
+to results/figures/reference/, outside the tracked tree. Under torchrun every rank runs the sweep in place and
+rank 0 stores and plots (see harness/README.md).
 """
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import difflib
+import os
 import sys
 
 from experiments.common import left_out_backends
-from experiments.registry import draw, draw_claims, drivers, report, save_config
+from experiments.registry import draw, draw_claims, drivers, figures, report, save_config
 from harness import add_dataclass_arguments, dataclass_from_namespace, run_sweep
 from harness.config import OneLineParser
 from harness.env import is_writer
 from harness.errors import ConfigError, command_line, refusing
+from harness.results import figures_dir
 
 COMMANDS = ("list", "plots", "report", "claims", "predict")
 
@@ -33,6 +40,7 @@ def run_figure(driver, argv: list[str]) -> int:
     parser.add_argument("--dry-run", action="store_true", help="list the points, run nothing")
     parser.add_argument("--retry-errors", action="store_true", help="rerun points stored with an error")
     parser.add_argument("--plot-only", action="store_true", help="redraw from stored results, run nothing")
+    add_figures_dir(parser)
     ns = parser.parse_args(argv)
     with refusing():
         cfg = dataclass_from_namespace(driver.Config, ns)
@@ -51,8 +59,32 @@ def run_figure(driver, argv: list[str]) -> int:
         if is_writer():
             save_config(driver, cfg)
     if is_writer():
-        draw(driver, cfg)
+        with figures_to(ns.figures_dir):
+            draw(driver, cfg)
     return 0
+
+
+def add_figures_dir(parser) -> None:
+    parser.add_argument("--figures_dir", metavar="DIR", default="",
+                        help="write the figures (PNG and PDF) here (default: $DDP_REPRO_FIGURES, else the results "
+                             "folder's figures/; results/figures/reference/ when that is results/reference)")
+
+
+@contextlib.contextmanager
+def figures_to(folder: str):
+    """Inside, figures are written to ``folder`` (as ``$DDP_REPRO_FIGURES`` says); nothing changes for ''."""
+    if not folder:
+        yield
+        return
+    was = os.environ.get("DDP_REPRO_FIGURES")
+    os.environ["DDP_REPRO_FIGURES"] = folder
+    try:
+        yield
+    finally:
+        if was is None:
+            del os.environ["DDP_REPRO_FIGURES"]
+        else:
+            os.environ["DDP_REPRO_FIGURES"] = was
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -82,22 +114,36 @@ def _main(argv: list[str]) -> int:
 
 def _stored(command: str, argv: list[str], found: dict) -> int:
     """``plots``, ``report`` and ``claims``: read stored results, run nothing."""
-    what = {"plots": "redraw figures from the stored CSVs, no runs",
+    what = {"plots": "redraw every figure whose results are stored (or those named), no runs: the drivers' figures, "
+                     "their variants stored beside them (fig7-hosts2 ...), tune, simval, timeline and claims; a "
+                     "figure with nothing stored is skipped with a note",
             "report": "markdown: per figure, the paper's claim beside what was measured",
             "claims": "one chart of every measured number beside the paper's (results/figures/claims.png)"}[command]
     parser = OneLineParser(prog=f"python -m experiments {command}", description=what)
-    if command != "claims":
+    if command == "report":
         parser.add_argument("figures", nargs="*", metavar="FIGURE",
                             help=f"one or more of {', '.join(found)} (default: all of them)")
+    if command == "plots":
+        parser.add_argument("figures", nargs="*", metavar="FIGURE",
+                            help=f"one or more of {', '.join(found)}, a variant stored beside one (fig7-hosts2), "
+                                 f"tune, simval, timeline, claims (default: all of them)")
+    if command != "report":
+        add_figures_dir(parser)
     ns = parser.parse_args(argv)
-    if command == "claims":
-        draw_claims()
-        return 0
-    for name in _known(ns.figures or list(found), found):
-        if command == "report":
+    if command == "report":
+        for name in _known(ns.figures or list(found), found):
             print(report(found[name]))
-        else:
-            draw(found[name])
+        return 0
+    with figures_to(ns.figures_dir):
+        if command == "claims":
+            draw_claims()
+            return 0
+        every = figures()
+        drawn, skipped = [], []
+        for name in _known(ns.figures or list(every), every):
+            (drawn if every[name]() is not None else skipped).append(name)
+        print(f"[plots] redrew {len(drawn)} figure(s) into {figures_dir()}"
+              + (f"; nothing stored for {', '.join(skipped)} (skipped)" if skipped else ""))
     return 0
 
 

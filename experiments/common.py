@@ -30,7 +30,7 @@ import pandas as pd  # noqa: E402
 from experiments import verdicts  # noqa: E402
 from harness import TrainConfig, env  # noqa: E402
 from harness.config import DEFAULT_NET  # noqa: E402
-from harness.results import results_root  # noqa: E402
+from harness.results import figures_dir  # noqa: E402
 
 UNAVAILABLE_COLOR = "0.85"
 
@@ -248,12 +248,14 @@ def describe_setup(df: pd.DataFrame) -> str:
 
 
 def save(fig, name: str, root=None) -> Path:
-    """Write ``results/figures/<name>.png`` and ``.pdf``; returns the PNG path."""
-    out = results_root(root) / "figures"
+    """Write ``results/figures/<name>.png`` and ``.pdf`` (elsewhere as :func:`harness.results.figures_dir` says);
+    returns the PNG path. Both files depend on the figure only (no creation date), so a redraw of unchanged
+    results leaves them byte for byte as they were."""
+    out = figures_dir(root)
     out.mkdir(parents=True, exist_ok=True)
     png = out / f"{name}.png"
     fig.savefig(png, dpi=120, bbox_inches="tight")
-    fig.savefig(out / f"{name}.pdf", bbox_inches="tight")
+    fig.savefig(out / f"{name}.pdf", bbox_inches="tight", metadata={"CreationDate": None})
     plt.close(fig)
     return png
 

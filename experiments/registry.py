@@ -1,5 +1,7 @@
 """The figure drivers and their stored results: which drivers exist, the settings of a figure's last run, and
 drawing or reporting a figure from what is stored. Used by ``python -m experiments``, the notebook and the tests.
+:func:`figures` lists every figure that can be redrawn from stored results: the drivers', their variants stored
+beside them (``<FIGURE>_hosts/``), the tools' (``tune``, ``simval``, ``timeline``) and the claims chart.
 
 A driver is a ``figNN_*.py`` module in this folder with ``FIGURE``, ``PAPER``, a ``Config`` dataclass,
 ``points(cfg)``, ``plot(df, cfg)`` and optionally ``summarize(df, cfg)`` and ``claims(df, cfg)`` (its numbers
@@ -12,14 +14,16 @@ import importlib
 import json
 import os
 import pkgutil
+from functools import partial
 from pathlib import Path
+from typing import Callable
 
 import pandas as pd
 
 import experiments
-from experiments import common
+from experiments import common, verdicts
 from harness import load_results
-from harness.results import results_root
+from harness.results import REFERENCE, results_root
 
 CONFIG_FILE = "driver_config.json"  # the driver settings of the last run, so `plots` redraws the same figure
 
@@ -36,6 +40,15 @@ def drivers() -> dict:
             found[module.FIGURE] = module
     figures = dict(sorted(found.items(), key=lambda kv: int(kv[0].removeprefix("fig"))))
     return figures | {name: importlib.import_module(f"experiments.{name}") for name in BEYOND_THE_PAPER}
+
+
+def stored_or_reference(root=None) -> Path:
+    """The results folder to read: ``root`` or ``$DDP_REPRO_RESULTS`` where given; else ``results/``, unless it holds
+    no stored point yet (a fresh clone), then the committed reference run ``results/reference/``."""
+    if root or os.environ.get("DDP_REPRO_RESULTS"):
+        return results_root(root)
+    mine = results_root()
+    return mine if any(mine.glob("*/points/*.csv")) else REFERENCE
 
 
 def save_config(driver, cfg, root=None) -> None:
@@ -56,17 +69,157 @@ def stored_config(driver, root=None):
     return driver.Config(**{k: tuple(v) if isinstance(v, list) else v for k, v in saved.items() if k in fields})
 
 
-def draw(driver, cfg=None, root=None) -> Path | None:
-    cfg = cfg if cfg is not None else stored_config(driver, root)
-    df = load_results(driver.FIGURE, root)
+def draw(driver, cfg=None, root=None, experiment: str | None = None, name: str | None = None) -> Path | None:
+    """Draw a driver's figure from the rows stored as ``experiment`` (default: its own) and save it as ``name``
+    (default: ``FIGURE``), with ``cfg`` (default: the settings of its last run, or as the rows say when ``cfg``
+    is a function of them); says so and returns None when nothing is stored."""
+    name = name or driver.FIGURE
+    df = load_results(experiment or driver.FIGURE, root)
     if df.empty:
-        print(f"[{driver.FIGURE}] no stored results yet; run `make {driver.FIGURE}` first")
+        print(f"[{name}] no stored results yet; run `make {driver.FIGURE}` first")
         return None
-    path = common.save(driver.plot(df, cfg), driver.FIGURE, root)
-    print(f"[{driver.FIGURE}] wrote {path} (and .pdf)")
+    cfg = cfg(df) if callable(cfg) else cfg if cfg is not None else stored_config(driver, root)
+    path = common.save(driver.plot(df, cfg), name, root)
+    print(f"[{name}] wrote {path} (and .pdf)")
     if hasattr(driver, "summarize"):
         print(driver.summarize(df, cfg))
     return path
+
+
+def figures(root=None) -> dict[str, Callable[[], Path | None]]:
+    """Every figure ``python -m experiments plots`` redraws, by its file name (``results/figures/<name>.png``): a
+    function that redraws it from what is stored under ``root`` and returns its PNG, or says that nothing is
+    stored and returns None. The drivers' figures; each one's variants stored beside it (``<FIGURE>_hosts/``: one
+    figure per number of emulated hosts, ``<FIGURE>-hosts<H>``, as REPRODUCTION.md's runs on emulated hosts); those
+    of the tools (``tune``, ``simval``, ``timeline``), from what their runs stored; and the claims chart, last."""
+    found: dict[str, Callable[[], Path | None]] = {}
+    for name, driver in drivers().items():
+        found[name] = partial(draw, driver, root=root)
+        found |= variants(driver, root)
+    found |= {"tune": partial(draw_tune, root), "simval": partial(draw_simval, root),
+              "timeline": partial(draw_timeline, root), "claims": partial(draw_claims, root)}
+    return found
+
+
+def variants(driver, root=None) -> dict[str, Callable[[], Path | None]]:
+    """A driver's figures from rows stored beside its own under ``<FIGURE>_<what>/`` (a run with its results folder
+    pointed elsewhere, then moved there): ``<FIGURE>_hosts/`` gives one figure per number of emulated hosts its rows
+    hold, ``<FIGURE>-hosts<H>``; any other folder one figure, ``<FIGURE>-<what>``. The settings: those of the
+    driver's last run with the models, world sizes and bucket caps the rows hold (and ``hosts=H``)."""
+    out: dict[str, Callable[[], Path | None]] = {}
+    for folder in sorted(results_root(root).glob(f"{driver.FIGURE}_*")):
+        experiment, what = folder.name, folder.name[len(driver.FIGURE) + 1:]
+        df = load_results(experiment, root) if (folder / "points").is_dir() else pd.DataFrame()
+        if df.empty:
+            continue
+        if what != "hosts":
+            out[f"{driver.FIGURE}-{what}"] = partial(draw, driver, partial(_config_from_rows, driver, root), root,
+                                                     experiment, f"{driver.FIGURE}-{what}")
+            continue
+        for hosts in sorted({int(h) for h in _communicating(df).get("hosts", pd.Series(dtype=float)).fillna(1)}):
+            out[f"{driver.FIGURE}-hosts{hosts}"] = partial(
+                draw, driver, partial(_config_from_rows, driver, root, hosts=hosts), root, experiment,
+                f"{driver.FIGURE}-hosts{hosts}")
+    return out
+
+
+_FROM_ROWS = {"models": "model", "world_size": "world_size", "world_sizes": "world_size",
+              "bucket_caps_mb": "bucket_cap_mb"}  # Config field -> the column it is read from
+
+
+def _config_from_rows(driver, root, df: pd.DataFrame, hosts: int | None = None):
+    """The driver's last settings, with the models, world sizes and bucket caps the rows hold (of ``hosts``)."""
+    base = stored_config(driver, root)
+    fields = {f.name for f in dataclasses.fields(driver.Config)}
+    rows = _communicating(df[df["error"].fillna("") == ""])
+    if hosts is not None and "hosts" in rows.columns:
+        rows = rows[rows["hosts"].fillna(1) == hosts]
+    new = {"hosts": hosts} if hosts is not None and "hosts" in fields else {}
+    for field, column in _FROM_ROWS.items():
+        if field not in fields or column not in rows.columns or rows.empty:
+            continue
+        values = list(dict.fromkeys(rows[column].dropna().tolist()))
+        was = getattr(base, field)
+        if isinstance(was, tuple):
+            new[field] = tuple([v for v in was if v in values] + sorted(v for v in values if v not in was))
+        elif len(values) == 1:
+            new[field] = type(was)(values[0])
+    return dataclasses.replace(base, **new)
+
+
+def _communicating(df: pd.DataFrame) -> pd.DataFrame:
+    """The rows of DDP points, not those without communication (``impl=local``, on one host whatever ``hosts``)."""
+    return df[df["impl"] != "local"] if "impl" in df.columns else df
+
+
+def draw_tune(root=None) -> Path | None:
+    """``tune.png`` from a stored tuning run: the recommendation from its stored calibration probe (the newest,
+    where several are stored) over the default grid of caps, beside the caps measured for it. No probe, no run."""
+    from experiments import tune
+    from simulator.calibrate import Calibration
+    from simulator.tune import recommend
+
+    cals = []
+    for path in sorted((results_root(root) / tune.EXPERIMENT / "calibrations").glob("*.json")):
+        try:
+            cals.append(Calibration.load(path))
+        except (ValueError, TypeError, KeyError) as exc:  # an older version's probe
+            print(f"[tune] {path.name} left out: {exc}")
+    if not cals:
+        print("[tune] no stored results yet; run `make tune` first")
+        return None
+    cal = max(cals, key=lambda c: str(c.meta.get("created_at", "")))
+    p = cal.point
+    cfg = tune.Config(model=p["model"], world_size=int(p["world_size"]), net=p["net"])
+    rec = recommend(cal, cfg.grid_mb)
+    out = dict(recommended_mb=rec.cap_mb, predicted=rec.predicted_ms, band=rec.band_ms, regret=rec.regret,
+               measured=None)
+    ok = common.ok_rows(load_results(tune.EXPERIMENT, root))
+    if not ok.empty:
+        ok = ok[(ok["model"] == cfg.model) & (ok["world_size"] == cfg.world_size) & (ok["net"] == cfg.net)]
+        out["measured"] = verdicts.task_medians(ok, ["bucket_cap_mb"]) if not ok.empty else None
+    path = tune.plot(out, cfg, root)
+    print(f"[tune] wrote {path} (and .pdf)")
+    print(tune.report(out))
+    return path
+
+
+def draw_simval(root=None) -> Path | None:
+    """``simval.png`` from the stored ``simval/validation.csv`` (every point's median prediction and measurement)."""
+    from experiments import simval
+
+    path = results_root(root) / simval.EXPERIMENT / "validation.csv"
+    if not path.exists():
+        print("[simval] no stored results yet; run `make simval` first")
+        return None
+    out = pd.read_csv(path)
+    png = simval.plot(out, root)
+    print(f"[simval] wrote {png} (and .pdf)")
+    print(simval.summary(out).to_string())
+    return png
+
+
+def draw_timeline(root=None) -> Path | None:
+    """``timeline.png`` and its Chrome trace from the last traced point stored under ``timeline/``."""
+    from experiments import timeline
+
+    df = common.ok_rows(load_results(timeline.NAME, root))
+    if not df.empty and "trace_buckets" in df.columns:
+        df = df[df["trace_buckets"].fillna(False).astype(bool)]
+    if df.empty:
+        print("[timeline] no stored results yet; run `make timeline` first")
+        return None
+    last = df.sort_values("started_at", kind="stable")["point_id"].iloc[-1] if "started_at" in df else \
+        df["point_id"].iloc[-1]
+    rows = timeline.median_iteration(df[df["point_id"] == last])
+    r = rows.iloc[0]
+    cfg = timeline.Config(model=r["model"], bucket_cap_mb=float(r["bucket_cap_mb"]), world_size=int(r["world_size"]),
+                          backend=r["backend"], profile=r["profile"], net=r["net"])
+    png = common.save(timeline.plot(rows, cfg), timeline.NAME, root)
+    trace = png.with_name(f"{timeline.NAME}.trace.json")
+    trace.write_text(json.dumps(timeline.chrome_trace(rows)))
+    print(f"[timeline] wrote {png} (and .pdf) and {trace}")
+    return png
 
 
 def report(driver, root=None) -> str:

@@ -24,7 +24,6 @@ from harness import TrainConfig, parse_dataclass, run_sweep
 from harness.config import DEFAULT_NET
 from harness.env import is_writer
 from harness.errors import command_line
-from harness.results import results_root
 
 NAME = "timeline"
 
@@ -121,7 +120,7 @@ def run(cfg: Config) -> int:
         return 1
     rows = median_iteration(df[df["point_id"] == df["point_id"].iloc[-1]])
     png = common.save(plot(rows, cfg), NAME)
-    trace = results_root() / "figures" / f"{NAME}.trace.json"
+    trace = png.with_name(f"{NAME}.trace.json")
     trace.write_text(json.dumps(chrome_trace(rows)))
     print(f"[{NAME}] wrote {png} (and .pdf) and {trace} (open in https://ui.perfetto.dev or chrome://tracing)")
     return 0

@@ -9,11 +9,13 @@ Options: every field of TrainConfig / AllreduceConfig as --key=value, plus --exp
 from __future__ import annotations
 
 import argparse
+import difflib
 import sys
 
-from harness.config import AllreduceConfig, TrainConfig, add_dataclass_arguments, dataclass_from_namespace
+from harness.config import (AllreduceConfig, OneLineParser, TrainConfig, add_dataclass_arguments,
+                            dataclass_from_namespace)
 from harness.env import is_writer
-from harness.errors import command_line
+from harness.errors import ConfigError, command_line
 from harness.results import summarize
 from harness.sweep import run_sweep
 
@@ -21,20 +23,33 @@ KINDS = {"train": TrainConfig, "allreduce": AllreduceConfig}
 
 
 def main(argv=None) -> int:
-    return command_line("python -m harness", lambda: _main(argv))
+    argv = list(sys.argv[1:] if argv is None else argv)
+    kind = f" {argv[0]}" if argv and not argv[0].startswith("-") else ""
+    return command_line(f"python -m harness{kind}", lambda: _main(argv))
 
 
-def _main(argv) -> int:
-    parser = argparse.ArgumentParser(prog="python -m harness", description=__doc__,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
-    sub = parser.add_subparsers(dest="kind", required=True)
-    for name, cls in KINDS.items():
-        p = add_dataclass_arguments(sub.add_parser(name, help=cls.__doc__), cls)
-        p.add_argument("--experiment", default="adhoc")
-        p.add_argument("--root", default=None, help="results folder (default: results/)")
-        p.add_argument("--dry_run", action="store_true")
-        p.add_argument("--retry_errors", action="store_true")
-    ns = parser.parse_args(argv)
+def _main(argv: list[str]) -> int:
+    top = OneLineParser(prog="python -m harness", description=__doc__,
+                        formatter_class=argparse.RawDescriptionHelpFormatter)
+    top.add_argument("kind", choices=list(KINDS), help="; ".join(f"{k}: {c.__doc__.splitlines()[0].rstrip('.')}"
+                                                                 for k, c in KINDS.items()))
+    if argv and argv[0] in ("-h", "--help"):
+        top.parse_args(["--help"])
+    if not argv or argv[0].startswith("-"):
+        top.error(f"give the kind first: python -m harness {{{','.join(KINDS)}}} [--key=value ...]")
+    kind, rest = argv[0], argv[1:]
+    if kind not in KINDS:
+        close = difflib.get_close_matches(kind, list(KINDS), n=1)
+        raise ConfigError(f"unknown kind {kind!r}; choose one of {', '.join(KINDS)}"
+                          + (f"; did you mean {close[0]}?" if close else ""))
+    parser = add_dataclass_arguments(OneLineParser(prog=f"python -m harness {kind}",
+                                                   description=KINDS[kind].__doc__), KINDS[kind])
+    parser.add_argument("--experiment", default="adhoc", help="results/<experiment>/ holds the point (default: adhoc)")
+    parser.add_argument("--root", default=None, help="results folder (default: results/ or $DDP_REPRO_RESULTS)")
+    parser.add_argument("--dry_run", action="store_true", help="say whether the point is stored, run nothing")
+    parser.add_argument("--retry_errors", action="store_true", help="rerun the point if it is stored with an error")
+    ns = parser.parse_args(rest)
+    ns.kind = kind
     cfg = dataclass_from_namespace(KINDS[ns.kind], ns)
     df = run_sweep(ns.experiment, [cfg], root=ns.root, dry_run=ns.dry_run, retry_errors=ns.retry_errors)
     if ns.dry_run or not is_writer():

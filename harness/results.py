@@ -4,7 +4,8 @@ Layout: ``<root>/<experiment>/points/<point_id>.csv``, one tidy CSV per point wi
 (rank, measured iteration), or a single row with ``error`` set when the point failed. Each file is written
 to a temporary name in the same folder and renamed with ``os.replace``, so a file either holds a whole point
 or does not exist: a killed sweep loses at most the point in flight and never leaves a half-written one.
-``<root>`` is ``results/`` in the repository unless ``root`` or ``$DDP_REPRO_RESULTS`` says otherwise.
+``<root>`` is ``results/`` in the repository unless ``root`` or ``$DDP_REPRO_RESULTS`` says otherwise; figures go
+to ``<root>/figures/`` unless ``$DDP_REPRO_FIGURES`` says otherwise (:func:`figures_dir`).
 Every column is defined in ``results/README.md``. CSV only; nothing is pickled.
 """
 from __future__ import annotations
@@ -79,6 +80,22 @@ METRICS = ("forward_ms", "backward_ms", "backward_compute_ms", "backward_comm_ex
 
 def results_root(root: str | os.PathLike | None = None) -> Path:
     return Path(root or os.environ.get("DDP_REPRO_RESULTS") or REPO_ROOT / "results")
+
+
+REFERENCE = REPO_ROOT / "results" / "reference"  # the committed reference run (its figures are tracked too)
+
+
+def figures_dir(root: str | os.PathLike | None = None) -> Path:
+    """Where figures are written: ``$DDP_REPRO_FIGURES`` if set, else ``<root>/figures/``, except for the committed
+    reference run: redrawing it (``DDP_REPRO_RESULTS=results/reference``) writes to ``results/figures/reference/``,
+    which git ignores, so a redraw never dirties the tree. To refresh the tracked figures on purpose, set
+    ``DDP_REPRO_FIGURES=results/reference/figures``."""
+    if os.environ.get("DDP_REPRO_FIGURES"):
+        return Path(os.environ["DDP_REPRO_FIGURES"])
+    base = results_root(root)
+    if base.resolve() == REFERENCE.resolve():
+        return REPO_ROOT / "results" / "figures" / "reference"
+    return base / "figures"
 
 
 def points_dir(experiment: str, root=None) -> Path:

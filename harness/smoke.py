@@ -11,7 +11,6 @@ disagree.
 """
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import socket
@@ -20,6 +19,7 @@ import sys
 import torch
 import torch.distributed as dist
 
+from harness.config import OneLineParser
 from harness.launch import init_in_place
 from harness.models import SmallNet
 
@@ -52,12 +52,19 @@ def train(iters: int, backend: str, timeout_s: float) -> tuple[dict, dict]:
 
 
 def main(argv=None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m harness.smoke", description=__doc__.split("\n\n")[0])
-    parser.add_argument("--iters", type=int, default=5)
-    parser.add_argument("--backend", default="gloo", choices=("gloo", "nccl"))
-    parser.add_argument("--timeout_s", type=float, default=60.0)
-    parser.add_argument("--out", default="", help="rank 0 writes the final state_dict here (torch.save)")
+    parser = OneLineParser(prog="python -m harness.smoke", description=__doc__.split("\n\n")[0])
+    parser.add_argument("--iters", type=int, default=5, help="training iterations (default: 5)")
+    parser.add_argument("--backend", default="gloo", choices=("gloo", "nccl"),
+                        help="process group backend (default: gloo)")
+    parser.add_argument("--timeout_s", type=float, default=60.0,
+                        help="process group timeout in seconds (default: 60)")
+    parser.add_argument("--out", default="", help="rank 0 writes the final state_dict here (torch.save; default: "
+                                                  "nothing written)")
     ns = parser.parse_args(argv)
+    if ns.iters < 1:
+        parser.error(f"--iters={ns.iters}: give at least 1")
+    if not ns.timeout_s > 0:
+        parser.error(f"--timeout_s={ns.timeout_s}: give a positive number of seconds")
     if "RANK" not in os.environ:
         parser.error("run under torchrun (RANK is not set)")
     state, summary = train(ns.iters, ns.backend, ns.timeout_s)

@@ -2,6 +2,7 @@
 import math
 import os
 import re
+import subprocess
 from pathlib import Path
 
 import pandas as pd
@@ -106,3 +107,19 @@ def test_failed_point_ids(tmp_path):
 def test_readme_defines_every_column():
     documented = set(re.findall(r"^\| `([a-z0-9_]+)`", README.read_text(), flags=re.M))
     assert set(SCHEMA) <= documented, sorted(set(SCHEMA) - documented)
+
+
+def test_figures_go_to_the_results_folder_or_where_told_and_the_reference_redraw_stays_out_of_the_tree(
+        tmp_path, monkeypatch):
+    monkeypatch.delenv("DDP_REPRO_FIGURES", raising=False)
+    monkeypatch.delenv("DDP_REPRO_RESULTS", raising=False)
+    assert results.figures_dir(tmp_path) == tmp_path / "figures"
+    assert results.figures_dir() == results.REPO_ROOT / "results" / "figures"
+    monkeypatch.setenv("DDP_REPRO_RESULTS", str(results.REPO_ROOT / "results" / "reference"))
+    redraw = results.figures_dir()  # the committed figures under results/reference/figures/ are never written
+    assert redraw == results.REPO_ROOT / "results" / "figures" / "reference"
+    assert not (results.REFERENCE / "figures" / "x.png").resolve().is_relative_to(redraw.resolve())
+    ignored = subprocess.run(["git", "-C", str(results.REPO_ROOT), "check-ignore", "-q", str(redraw / "fig7.png")])
+    assert ignored.returncode == 0  # git ignores it: a redraw leaves the tree clean
+    monkeypatch.setenv("DDP_REPRO_FIGURES", str(tmp_path / "elsewhere"))
+    assert results.figures_dir() == results.figures_dir(tmp_path) == tmp_path / "elsewhere"

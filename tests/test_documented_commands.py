@@ -1,0 +1,105 @@
+"""Every command the Markdown files name exists: each ``python -m MODULE [SUBCOMMAND]`` (also under torchrun)
+answers ``--help`` with its options and exit status 0, and each ``make TARGET`` is a target of the Makefile. Commands
+are read from code only (fenced blocks and `inline spans`), so prose such as "make a tie look like a miss" is not
+one. The --help runs start at once (each is mostly its imports: a few seconds)."""
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[1]
+SKIP_DIRS = {".venv", ".git", "shared", ".pytest_cache", ".hypothesis", "node_modules", "build"}
+TIMEOUT_S = 120
+
+
+def markdown_files() -> list[Path]:
+    """The repository's *.md files, tracked or not (outside .venv, shared/ and what git ignores)."""
+    try:
+        listed = subprocess.run(["git", "ls-files", "-co", "--exclude-standard", "--", "*.md"], cwd=REPO, text=True,
+                                capture_output=True, check=True).stdout.split()
+        paths = [REPO / p for p in listed]
+    except (OSError, subprocess.CalledProcessError):  # not a git checkout
+        paths = list(REPO.rglob("*.md"))
+    return sorted(p for p in paths if p.exists() and not SKIP_DIRS & set(p.relative_to(REPO).parts))
+
+
+def code_of(text: str) -> list[str]:
+    """Each command-like piece of code: every line of a fenced block (backslash continuations joined, comments
+    dropped) and every inline span (which may wrap over lines)."""
+    pieces = []
+    for block in re.findall(r"^```[^\n]*\n(.*?)^```", text, flags=re.S | re.M):
+        for line in block.replace("\\\n", " ").splitlines():
+            pieces.append(re.sub(r"(^|\s)#.*", "", line))
+    prose = re.sub(r"^```[^\n]*\n.*?^```", "", text, flags=re.S | re.M)
+    pieces += [span.replace("\n", " ") for span in re.findall(r"`([^`]+)`", prose)]
+    return pieces
+
+
+MODULE = re.compile(r"(?:python[\d.]*|torchrun\b.*?)\s+-m\s+([A-Za-z_][\w.]*)(?:[ \t]+([a-z][\w-]*)(?=\s|$))?")
+MAKE = re.compile(r"(?:^|[\s;&|(])make\s+(?:[A-Z_]+=\S*\s+)*([a-z][\w-]*)")
+
+
+def documented() -> tuple[dict, dict]:
+    """(module command -> where named, make target -> where named)."""
+    modules: dict[tuple, list[str]] = {}
+    targets: dict[str, list[str]] = {}
+    for path in markdown_files():
+        where = str(path.relative_to(REPO))
+        for piece in code_of(path.read_text()):
+            for module, sub in MODULE.findall(piece):
+                modules.setdefault((module, *([sub] if sub else [])), []).append(where)
+            for target in MAKE.findall(piece):
+                targets.setdefault(target, []).append(where)
+    return modules, targets
+
+
+def makefile_targets() -> set[str]:
+    text = (REPO / "Makefile").read_text()
+    variables = dict(re.findall(r"^([A-Z_]+)\s*[:?]?=\s*(.*)$", text, flags=re.M))
+    expand = lambda s: re.sub(r"\$\((\w+)\)", lambda m: variables.get(m.group(1), ""), s)  # noqa: E731
+    targets = set()
+    for names in re.findall(r"^([^\s#=:][^=:\n]*?)\s*:(?!=)", text, flags=re.M):
+        targets |= set(expand(names).split())
+    return targets
+
+
+MODULES, TARGETS = documented()
+
+
+def test_the_documents_name_commands():  # the scan itself finds what it should
+    assert {("experiments", "fig7"), ("experiments.bench",), ("harness", "train")} <= set(MODULES)
+    assert {"fig7", "plots", "test", "bench"} <= set(TARGETS) and "a" not in TARGETS
+
+
+@pytest.mark.parametrize("target", sorted(TARGETS))
+def test_every_documented_make_target_exists(target):
+    assert target in makefile_targets(), f"`make {target}` (named in {', '.join(sorted(set(TARGETS[target])))}) " \
+                                         f"is not a target of the Makefile"
+
+
+@pytest.fixture(scope="module")
+def helps(tmp_path_factory):
+    """``python -m <command> --help`` for every documented command, all started at once."""
+    env = {**os.environ, "DDP_REPRO_RESULTS": str(tmp_path_factory.mktemp("results")), "CUDA_VISIBLE_DEVICES": ""}
+    procs = {cmd: subprocess.Popen([sys.executable, "-m", *cmd, "--help"], cwd=REPO, env=env, text=True,
+                                   stdout=subprocess.PIPE, stderr=subprocess.PIPE, start_new_session=True)
+             for cmd in MODULES}
+    yield procs
+    for proc in procs.values():
+        if proc.poll() is None:
+            os.killpg(proc.pid, 9)
+            proc.wait()
+
+
+@pytest.mark.parametrize("cmd", sorted(MODULES), ids=" ".join)
+def test_every_documented_module_answers_help(helps, cmd):
+    named = f"`python -m {' '.join(cmd)}` (named in {', '.join(sorted(set(MODULES[cmd])))})"
+    try:
+        out, err = helps[cmd].communicate(timeout=TIMEOUT_S)
+    except subprocess.TimeoutExpired:
+        os.killpg(helps[cmd].pid, 9)
+        pytest.fail(f"{named} did not answer --help within {TIMEOUT_S} s")
+    assert helps[cmd].returncode == 0 and out.strip(), f"{named} --help: exit {helps[cmd].returncode}\n{err[-2000:]}"
