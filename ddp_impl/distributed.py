@@ -6,7 +6,8 @@
    its reduction, broadcasts rank 0's current buffers (re-read from the module, so a replaced buffer is sent),
    runs the module, then arms the reducer for the coming backward; with ``find_unused_parameters`` it walks the
    autograd graph from every tensor in the output (tensors, lists, tuples, dicts, dataclasses) to find the
-   parameters this iteration will give no gradient.
+   parameters this iteration will give no gradient, and joins the output tensors in one autograd node, so
+   that an output the loss leaves out still runs its branch (without a gradient) and cannot stall a bucket.
 3. Inside ``no_sync()`` nothing is communicated: gradients accumulate in ``.grad`` and the next synchronized
    backward reduces their sum.
 4. Pickling (``torch.save``, ``copy.deepcopy``) drops the process group and the reducer, and unpickling

@@ -1,10 +1,11 @@
 """The reducer: gradient hooks, bucket readiness, in-order launch, and finalize.
 
 1. Each parameter's gradient accumulator gets a hook. When its gradient is final for this backward, the hook
-   counts it against its bucket; the hook itself runs no kernel.
-2. When a bucket's last gradient is final, its gradients are copied into the bucket's flat tensor in one fused
-   copy and divided by the world size (unless a comm hook is registered: then averaging is the hook's job, as
-   in torch), and the bucket is ready. Ready buckets are launched (our allreduce, or the registered comm hook)
+   counts it against its bucket, and copies it into its slice of the bucket's flat tensor if it is large
+   (divided by the world size unless a comm hook is registered: then averaging is the hook's job, as in torch).
+2. When a bucket's last gradient is final, its small gradients are copied and divided in one fused copy and
+   one fused multiply (a kernel per tiny gradient would cost host time the C++ reducer does not pay), and the
+   bucket is ready. Ready buckets are launched (our allreduce, or the registered comm hook)
    strictly in bucket-index order, so every rank issues the same collectives in the same order even if
    gradients arrive in a different order.
 3. When the last bucket is ready, a callback is queued on the running backward (like torch's reducer, so a
@@ -41,6 +42,12 @@ from .buckets import Bucket, ParamSpec, assign_buckets, initial_buckets
 from .comm_hooks import GradBucket
 from .process_groups import RoundRobinProcessGroup
 from .timing import IterationTiming
+
+
+# A gradient this large (elements) is copied into its bucket by its own hook, as soon as it is final: its copy
+# costs far more than launching it, and copying it later would delay the bucket's launch. Smaller ones wait for
+# the bucket's fused copy (on CPU, 64 Ki float32 elements take tens of microseconds; a launch takes a few).
+EAGER_COPY_NUMEL = 1 << 16
 
 
 def hook_accumulators(params: Sequence[torch.Tensor], make_hook: Callable[[int], Callable]) -> tuple[list, list]:
@@ -115,6 +122,9 @@ class Reducer:
         self.bucket_sizes = [len(b.param_indices) for b in buckets]
         self._bucket_views = [[self.views[i] for i in b.param_indices] for b in buckets]
         self._bucket_params = [[self.params[i] for i in b.param_indices] for b in buckets]
+        self._deferred = [[i for i in b.param_indices if self.specs[i].numel < EAGER_COPY_NUMEL] for b in buckets]
+        self._deferred_views = [[self.views[i] for i in d] for d in self._deferred]
+        self._deferred_params = [[self.params[i] for i in d] for d in self._deferred]
 
     def _group_for(self, bucket_index: int):
         if isinstance(self.group, RoundRobinProcessGroup):
@@ -142,7 +152,7 @@ class Reducer:
         dist.broadcast(order_t, src=dist.get_global_rank(self.primary_group, 0), group=self.primary_group)
         old_views = self.views
         if not self.as_view:  # nothing lives in the old buckets between iterations: free them first (like torch)
-            old_views = self.views = self.flats = self._bucket_views = None  # type: ignore[assignment]
+            old_views = self.views = self.flats = self._bucket_views = self._deferred_views = None  # type: ignore
         self._build(assign_buckets(self.specs, self.cap_bytes, self.first_cap_bytes, order_t.tolist()))
         if self.as_view:  # .grad still points into the old buckets: move it into the new ones
             for p, old, new in zip(self.params, old_views, self.views):
@@ -240,6 +250,8 @@ class Reducer:
                 "whose tensors cannot be found, or is the parameter behind reentrant checkpointing?); this DDP "
                 "supports one backward per forward and no parameter used by two separate backward passes")
         self._ready[i] = True
+        if self.specs[i].numel >= EAGER_COPY_NUMEL:  # large: copied now, while backward computes the rest
+            self._fill_one(i, self.params[i].grad, self._scale if self.comm_hook is None else None)
         b = self.bucket_of[i]
         self._pending[b] -= 1
         if self._pending[b] == 0:
@@ -253,18 +265,22 @@ class Reducer:
                 Variable._execution_engine.queue_callback(self._finalize)  # may be a reentrant one
 
     def _fill(self, b: int) -> None:
-        """Write bucket ``b``'s gradients into its flat tensor once all are final, averaged unless a comm hook
-        averages: one fused copy and one multiply per bucket, not a kernel per gradient (on a fast GPU the host
-        issuing kernels is the bottleneck). Bitwise torch's average: the same multiply by 1 / world size."""
-        grads = [p.grad for p in self._bucket_params[b]]
+        """Bucket ``b``'s small gradients, once all are final, into its flat tensor, averaged unless a comm hook
+        averages: one fused copy and one fused multiply, not a kernel each (on a fast GPU the host issuing kernels
+        is the bottleneck). Bitwise torch's average: the same multiply by 1 / world size."""
+        params = self._deferred_params[b]
+        if not params:
+            return
+        grads = [p.grad for p in params]
         scale = self._scale if self.comm_hook is None else None
         if self.as_view or any(g is None or g.requires_grad or g.is_sparse for g in grads):
-            for i, grad in zip(self.buckets[b].param_indices, grads):
+            for i, grad in zip(self._deferred[b], grads):
                 self._fill_one(i, grad, scale)
             return
-        torch._foreach_copy_(self._bucket_views[b], grads)
+        views = self._deferred_views[b]
+        torch._foreach_copy_(views, grads)
         if scale is not None:
-            self.flats[b].mul_(scale)
+            torch._foreach_mul_(views, scale)
 
     def _fill_one(self, i: int, grad: torch.Tensor | None, scale: float | None) -> None:
         """The rarer cases, one gradient at a time: none yet, sparse, ``create_graph``, ``.grad`` as a view."""
