@@ -15,15 +15,19 @@
   namespace (the sweep picks it for points with a ``net``); this module knows nothing of it.
 
 Every process group gets ``timeout_s``, so a collective waiting on a hung or dead peer raises instead of
-blocking forever. Threads: each rank uses ``max(1, cores // ranks_on_this_node)`` unless told otherwise,
-and records it in ``ctx.num_threads``. NCCL ranks use GPU ``local_rank``.
+blocking forever. Every rank, spawned or in place, ends by :func:`end_rank`: a barrier, then its process groups
+destroyed while the interpreter is whole (spawned ranks when their pool closes, torchrun/SLURM ranks at exit).
+Threads: each rank uses ``max(1, cores // ranks_on_this_node)`` unless told otherwise, and records it in
+``ctx.num_threads``. NCCL ranks use GPU ``local_rank``.
 """
 from __future__ import annotations
 
+import atexit
 import contextlib
 import ctypes
 import datetime
 import faulthandler
+import functools
 import gc
 import multiprocessing
 import os
@@ -165,6 +169,7 @@ def _pool_worker(rank, world_size, backend, store_addr, timeout_s, threads, task
                  place=("", "")) -> None:
     """One rank of a :class:`RankPool`: set up once, then run each task that arrives until told to stop."""
     faulthandler.enable()  # a rank killed by a signal (a crash inside torch) prints its Python stack to stderr
+    task = _ABANDON
     try:
         os.environ.update(LOCAL_RANK=str(rank), LOCAL_WORLD_SIZE=str(world_size))
         netns, interface = place
@@ -175,8 +180,8 @@ def _pool_worker(rank, world_size, backend, store_addr, timeout_s, threads, task
         ctx = _make_context(rank, world_size, rank, world_size, backend, timeout_s, threads)
         timeout = datetime.timedelta(seconds=timeout_s)
         store = dist.TCPStore(store_addr[0], store_addr[1], world_size, is_master=False, timeout=timeout)
-        dist.init_process_group(backend, store=store, rank=rank, world_size=world_size, timeout=timeout)
-        while (task := tasks.get()) is not None:
+        init_default_group(backend, timeout, store=store, rank=rank, world_size=world_size)
+        while isinstance(task := tasks.get(), tuple):
             task_id, fn, args = task
             try:
                 results.put((rank, task_id, "ok", fn(ctx, *args)))
@@ -187,8 +192,76 @@ def _pool_worker(rank, world_size, backend, store_addr, timeout_s, threads, task
     except BaseException:  # noqa: BLE001 - set-up failed: every task of this pool fails with it
         results.put((rank, None, "error", traceback.format_exc()))
     finally:
-        if dist.is_initialized():
-            dist.destroy_process_group()
+        end_rank(failed=task is not _STOP)
+
+
+def init_default_group(backend: str, timeout: datetime.timedelta, **how) -> None:
+    """``dist.init_process_group`` (``how``: its rendezvous), with ``torch.distributed.nn.functional`` imported first.
+    That module's collectives take ``group=group.WORLD`` as a default argument, evaluated when it is first imported,
+    and torch imports it with ``torch._dynamo`` (creating an optimizer does). Imported while a group exists, it
+    holds that group for good: ``destroy_process_group()`` cannot free it and its Gloo threads live on into the
+    interpreter's exit (:func:`end_rank`). Imported before any group, the defaults are None."""
+    import torch.distributed.nn.functional  # noqa: F401
+
+    dist.init_process_group(backend, timeout=timeout, **how)
+
+
+_STOP, _ABANDON = None, "abandon"  # what a pool's ranks are told as it closes: all is well, or a rank failed
+
+
+def gloo_threads() -> list[str]:
+    """The names of this process's threads that a Gloo process group runs (its worker threads, ``pt_gloo_runloop``,
+    and its transport's I/O loop, ``gloo_tcp_loop``); none once every group is destroyed. Linux only (else [])."""
+    tasks = "/proc/self/task"
+    if not os.path.isdir(tasks):
+        return []
+    names = []
+    for tid in os.listdir(tasks):
+        try:
+            with open(f"{tasks}/{tid}/comm") as f:
+                names.append(f.read().strip())
+        except OSError:  # the thread ended while we looked
+            continue
+    return sorted(n for n in names if n.startswith(("pt_gloo", "gloo")))
+
+
+def end_rank(failed: bool = False) -> list[str]:
+    """How every rank leaves its process groups, spawned (its :class:`RankPool` closing) or started by torchrun/SLURM
+    (at exit: :func:`init_in_place` registers it), while the interpreter is still whole:
+
+    1. a barrier (with the group's timeout), so no peer is still in a collective with this rank;
+    2. ``destroy_process_group()``, then a garbage collection (a model in a reference cycle may hold a group), so
+       the groups' last references drop here: ProcessGroupGloo waits for its queued work and joins its worker
+       threads and Gloo's I/O thread (given :func:`init_default_group`, which keeps torch from pinning the group).
+
+    Why: a group left to the interpreter's exit keeps those threads running while Python finalizes. A worker
+    releasing a finished collective's tensors drops their Python objects and so takes the GIL; during
+    finalization CPython ends such a thread with ``pthread_exit``, whose unwinding meets the noexcept
+    ``~AsyncWork``: ``terminate called without an active exception``, SIGABRT, after the work was done and stored
+    (a race, seen under load; torchrun then tears the job down). Returns the Gloo threads still running: none,
+    unless something still holds a group (said on stderr).
+
+    ``failed``: a rank failed (a peer may be dead, or stuck in a collective with this one): neither step runs, as
+    the barrier would wait out the timeout and destroying waits for the stuck collectives. The process leaves its
+    groups to its exit; it has failed already, and that failure is what its pool or launcher reports."""
+    if failed or not dist.is_initialized():
+        return gloo_threads()
+    rank = dist.get_rank()
+    try:
+        if dist.get_backend() == "nccl":
+            dist.barrier(device_ids=[torch.cuda.current_device()])
+        else:
+            dist.barrier()
+    except Exception as exc:  # noqa: BLE001 - a peer died at the very end: its own failure tells why
+        print(f"[harness] rank {rank}: the final barrier failed ({str(exc).splitlines()[0][:200]}); destroying "
+              f"the groups without it", file=sys.stderr, flush=True)
+    dist.destroy_process_group()
+    gc.collect()
+    left = gloo_threads()
+    if left:
+        print(f"[harness] rank {rank}: Gloo threads {left} still run after destroy_process_group(): something still "
+              f"holds a process group, and the process may abort at exit", file=sys.stderr, flush=True)
+    return left
 
 
 def check_malloc_env(malloc: str) -> None:
@@ -277,12 +350,13 @@ class RankPool:
             for p in self._procs:
                 p.start()
 
-    def close(self) -> None:
-        """Stop the ranks (politely when they are idle, by force after 5 s)."""
+    def close(self, orderly: bool = True) -> None:
+        """Stop the ranks (politely when they are idle, by force after 5 s): each ends by :func:`end_rank`, as a
+        failed rank unless the pool ends in order (``orderly=False`` after a failure: a peer may be dead or stuck)."""
         if not self._procs:
             return
         for q in self._queues:
-            q.put(None)
+            q.put(_STOP if orderly else _ABANDON)
         deadline = time.monotonic() + 5
         for p in self._procs:
             p.join(timeout=max(0.0, deadline - time.monotonic()))
@@ -301,11 +375,11 @@ class RankPool:
         try:
             outputs, errors = self._collect(task_id, deadline_s)
         except BaseException:
-            self.close()
+            self.close(orderly=False)
             raise
         if errors:
             procs = self._procs
-            self.close()  # after which a rank a peer reported first has been reaped too
+            self.close(orderly=False)  # after which a rank a peer reported first has been reaped too
             crashed = [r for r, p in enumerate(procs) if -(p.exitcode or 0) in CRASH_SIGNALS]
             detail = "\n".join(f"--- rank {r} ---\n{msg.rstrip()}" for r, msg in sorted(errors.items()))
             detail += "".join(f"\nrank {r} crashed ({signal.Signals(-procs[r].exitcode).name})" for r in crashed)
@@ -349,16 +423,30 @@ class RankPool:
 
 
 def init_in_place(backend: str, timeout_s: float) -> None:
-    """Create the default process group from env:// if not yet there (torchrun / SLURM path)."""
+    """Create the default process group from env:// if not yet there (torchrun / SLURM path); the rank ends it
+    by :func:`end_rank` when the process exits."""
     if not dist.is_initialized():
+        _end_rank_at_exit()
         local_rank = int(os.environ.get("LOCAL_RANK", 0))
         if backend == "nccl":
             torch.cuda.set_device(local_rank)
         timeout = datetime.timedelta(seconds=timeout_s)
         if backend == "mpi":  # MPI knows its ranks; it takes no rendezvous
-            dist.init_process_group("mpi", timeout=timeout)
+            init_default_group("mpi", timeout)
         else:
-            dist.init_process_group(backend, init_method="env://", timeout=timeout)
+            init_default_group(backend, timeout, init_method="env://")
+
+
+@functools.cache
+def _end_rank_at_exit() -> None:
+    """Register :func:`end_rank` with ``atexit`` (once): it runs after the program's last line, so after rank 0 has
+    stored its results, and before the interpreter finalizes."""
+    atexit.register(_end_rank_unless_failing)
+
+
+def _end_rank_unless_failing() -> None:
+    """A process leaving on an uncaught exception has failed (``end_rank(failed=True)``)."""
+    end_rank(failed=getattr(sys, "last_exc", None) is not None or getattr(sys, "last_value", None) is not None)
 
 
 def _run_in_place(fn, world_size, backend, args, timeout_s, threads) -> list:

@@ -20,7 +20,7 @@ import torch
 import torch.distributed as dist
 
 from harness.config import OneLineParser
-from harness.launch import init_in_place
+from harness.launch import end_rank, init_in_place
 from harness.models import SmallNet
 
 
@@ -72,12 +72,8 @@ def main(argv=None) -> int:
         if ns.out:
             torch.save(state, ns.out)
         print(json.dumps(summary), flush=True)
-    dist.barrier()  # no rank leaves while another still talks to it
-    # Leave without tearing the process group down: its threads' destructors sometimes abort the process at exit
-    # ("terminate called without an active exception"), which fails the job after the work is done and stored.
-    sys.stdout.flush()
-    sys.stderr.flush()
-    os._exit(0 if summary["ranks_agree"] else 1)
+    end_rank()  # the barrier, then the group torn down while Python is whole (not left to the exit: an abort)
+    return 0 if summary["ranks_agree"] else 1
 
 
 if __name__ == "__main__":

@@ -1,4 +1,5 @@
-"""The launcher: world sizes 1-3, failing/dead/hung ranks end the launch with an error, in-place mode."""
+"""The launcher: world sizes 1-3, failing/dead/hung ranks end the launch with an error, in-place mode, and how
+every rank ends (its groups destroyed, their Gloo threads joined, before the interpreter finalizes)."""
 import multiprocessing
 import os
 import resource
@@ -11,8 +12,8 @@ import pytest
 import torch
 import torch.distributed as dist
 
-from harness.launch import (MALLOC_ENV, LaunchError, RankPool, available_cores, find_free_port, inject_fault,
-                            launch)
+from harness.launch import (MALLOC_ENV, LaunchError, RankPool, available_cores, end_rank, find_free_port,
+                            inject_fault, launch)
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -100,8 +101,7 @@ def test_in_place_when_rank_is_set(monkeypatch):
         with pytest.raises(ValueError, match="WORLD_SIZE=1"):
             launch(_sum_ranks, 2, "gloo", timeout_s=60)
     finally:
-        if dist.is_initialized():
-            dist.destroy_process_group()
+        end_rank()
         torch.set_num_threads(threads)
 
 
@@ -112,11 +112,34 @@ def test_bad_launch_arguments_raise_before_spawning():
         launch(_sum_ranks, 1, "mpi")
 
 
-def test_same_code_runs_under_torchrun(tmp_path):
+def _build_optimizer_then_end(ctx):
+    torch.optim.SGD(torch.nn.Linear(2, 2).parameters(), lr=0.1)  # imports torch._dynamo, as every trainer does
+    return end_rank()
+
+
+def test_a_rank_ends_with_its_groups_destroyed_and_their_threads_joined():
+    """torch._dynamo imports torch.distributed.nn.functional, whose defaults bind the group that exists then: a
+    group created before that import outlived destroy_process_group(), its Gloo threads running into the exit."""
+    assert launch(_build_optimizer_then_end, 2, "gloo", timeout_s=60, threads=1) == [[], []]
+
+
+# `python -m harness` with an exit hook registered before the harness runs, so it runs after the harness's own: the
+# Gloo threads left as the interpreter goes on to finalize (one that then takes the GIL aborts the process; see
+# harness.launch.end_rank).
+EXIT_PROBE = """
+import atexit, os, runpy
+from harness.launch import gloo_threads
+atexit.register(lambda: print(f"rank {os.environ['RANK']} Gloo threads at exit: {gloo_threads()}", flush=True))
+runpy.run_module("harness", run_name="__main__", alter_sys=True)
+"""
+
+
+def test_same_code_runs_under_torchrun_and_its_ranks_end_their_groups(tmp_path):
     torchrun = Path(sys.executable).with_name("torchrun")
-    cmd = [str(torchrun), "--nproc_per_node=2", "--master_port", str(find_free_port()), "-m", "harness", "train",
-           "--model=small", "--impl=torch", "--world_size=2", "--iters=2", "--warmup=1", "--threads_per_rank=1",
-           "--timeout_s=60", f"--root={tmp_path}", "--experiment=torchrun"]
+    (tmp_path / "probe.py").write_text(EXIT_PROBE)
+    cmd = [str(torchrun), "--nproc_per_node=2", "--master_port", str(find_free_port()), str(tmp_path / "probe.py"),
+           "train", "--model=small", "--impl=torch", "--world_size=2", "--iters=2", "--warmup=1",
+           "--threads_per_rank=1", "--timeout_s=60", f"--root={tmp_path}", "--experiment=torchrun"]
     env = {**os.environ, "PYTHONPATH": str(REPO), "OMP_NUM_THREADS": "1"}
     proc = subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True, timeout=150)
     assert proc.returncode == 0, proc.stderr[-3000:]
@@ -125,6 +148,8 @@ def test_same_code_runs_under_torchrun(tmp_path):
     df = load_results("torchrun", root=tmp_path)
     assert sorted(zip(df["rank"], df["iteration"])) == [(0, 0), (0, 1), (1, 0), (1, 1)]
     assert (df["error"] == "").all() and (df["world_size"] == 2).all()
+    ends = sorted(line for line in proc.stdout.splitlines() if "Gloo threads at exit" in line)
+    assert ends == [f"rank {r} Gloo threads at exit: []" for r in range(2)], proc.stdout[-2000:] + proc.stderr[-2000:]
 
 
 def _refaults(ctx):
