@@ -20,11 +20,13 @@ sources; paper-profile batches, ``--net`` and ``--profile`` do not apply, ``--ba
 """
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import datetime
 import json
 import math
 import sys
+import time
 from pathlib import Path
 
 from harness import TrainConfig, add_dataclass_arguments, dataclass_from_namespace
@@ -72,10 +74,22 @@ def calibration_for(cfg: TrainConfig, stored: str = "", root=None, probe: str = 
             cal = None
         if (cal is not None and _hours_since(cal.meta.get("probed_at", cal.meta["created_at"])) < REFRESH_HOURS
                 and all(cal.meta.get(k) == v for k, v in machine_metadata().items())):  # same host and torch
-            cal = refresh(cal, short)
+            with announced(f"re-timing the compute of {path.name} (a few seconds)"):
+                cal = refresh(cal, short)
             return cal, cal.save(path)
-    cal = calibrate(short, root)
+    with announced(f"probing {cfg.model} on {cfg.world_size} rank(s) ({cfg.backend}, net={cfg.net}) on this machine: "
+                   "the link, calls inside backward, compute (20-45 s for ResNet50, 50-120 s for BERT-base)"):
+        cal = calibrate(short, root)
     return cal, cal.save(path)
+
+
+@contextlib.contextmanager
+def announced(what: str, prog: str = "predict"):
+    """One line on stderr before long work and one with its duration after: probes show no bar of their own."""
+    print(f"[{prog}] {what} ...", file=sys.stderr, flush=True)
+    t0 = time.monotonic()
+    yield
+    print(f"[{prog}] done in {time.monotonic() - t0:.0f} s", file=sys.stderr, flush=True)
 
 
 def _load(stored: str):

@@ -65,13 +65,15 @@ def check(cfg: Config) -> TrainConfig:
 
 
 def run(cfg: Config, root=None) -> dict:
-    from experiments.predict import calibration_path
+    from experiments.predict import announced, calibration_path
     from simulator.calibrate import calibrate
     from simulator.tune import recommend
 
     with refusing():
         probe = check(cfg)
-    cal = calibrate(probe)
+    with announced(f"probing {probe.model} on {probe.world_size} rank(s) ({probe.backend}, net={probe.net}) for "
+                   "the simulator (20-120 s)", prog="tune"):
+        cal = calibrate(probe)
     cal.save(results_root(root) / EXPERIMENT / "calibrations" / calibration_path(probe).name)
     rec = recommend(cal, cfg.grid_mb)
     out = dict(recommended_mb=rec.cap_mb, predicted=rec.predicted_ms, band=rec.band_ms, regret=rec.regret,
