@@ -11,7 +11,7 @@ and no host synchronization to an iteration: on a host-bound GPU every microseco
 iteration, and a cost that grows with the number of buckets would bias a bucket-size sweep.
 Tracing (``timing="trace"`` on the DDP) adds, per bucket, its launch and finish on every device, when its last
 gradient arrived (ready; launch can be later, as buckets launch in order) and its true completion, stamped by a
-callback on the communication thread.
+callback on the communication thread (on events of its own: the callback may run late).
 Derived fields follow torch's DDP logging data (``forward_compute_time``, ``backward_compute_time``,
 ``backward_comm_time``, ``backward_compute_comm_overlap_time``; comm starts when the first bucket is launched),
 with ``_ms`` because ours are milliseconds, not torch's nanoseconds.
@@ -32,6 +32,8 @@ class HostClock:
     @staticmethod
     def stamp() -> float:
         return time.perf_counter()
+
+    stamp_from_callback = stamp
 
     @staticmethod
     def ms(a, b) -> float:
@@ -57,6 +59,13 @@ class EventClock:
             self._current.append(self._make_event())
         event = self._current[self._next]
         self._next += 1
+        event.record()
+        return event
+
+    def stamp_from_callback(self):
+        """A stamp from the communication thread, which may run late (after the next iteration began): a fresh
+        event, so the reused sets stay the iteration thread's alone (tracing only)."""
+        event = self._make_event()
         event.record()
         return event
 
@@ -90,7 +99,7 @@ class IterationTiming:
     def stamp_done(self, bucket: int):
         """A future callback that stamps ``bucket``'s completion when it happens."""
         def done(_future) -> None:
-            self.bucket_done[bucket] = self.clock.stamp()
+            self.bucket_done[bucket] = self.clock.stamp_from_callback()
         return done
 
     def as_dict(self) -> dict:

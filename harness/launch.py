@@ -3,7 +3,8 @@
 ``launch(fn, world_size, backend, args=...)`` calls ``fn(ctx, *args)`` on every rank with a
 :class:`RankContext` and returns the per-rank return values, indexed by rank.
 
-* Spawned (RANK not set): one process per rank on this machine (``spawn`` start method). The parent hosts
+* Spawned (RANK not set): one process per rank on this machine, forked from a server that has imported torch
+  once (``forkserver``; ``spawn`` on a CUDA machine and for settings read at process start). The parent hosts
   the rendezvous TCPStore on a kernel-chosen free port, so there is no port race. Each rank puts its result
   or traceback on a queue; the parent fails the launch (and terminates the other ranks) as soon as one rank
   reports an error or dies without reporting, so a crashed rank never hangs the parent. A :class:`RankPool`
@@ -54,6 +55,32 @@ BACKENDS = ("gloo", "nccl", "mpi")
 # in every iteration is faulted in page by page each time (BERT-base's backward: 0 to 130k faults, 410 to 650 ms,
 # depending on the heap's history).
 MALLOC_ENV = {"default": {}, "retain": {"MALLOC_MMAP_MAX_": "0", "MALLOC_TRIM_THRESHOLD_": str(2 ** 62)}}
+
+# What the fork server imports once for every rank it starts (each rank would otherwise pay torch's import, seconds
+# of a small machine's CPU). Nothing here may touch CUDA: a forked process cannot use a CUDA its parent set up.
+FORKSERVER_PRELOAD = ["torch", "torch.distributed", "torch.distributed.nn.functional", "harness.runner"]
+
+
+def start_method(rank_env: dict) -> multiprocessing.context.BaseContext:
+    """``forkserver`` where it is safe, else ``spawn``: with CUDA (kept out of forked ranks altogether) and when
+    the ranks get settings that a process reads once as it starts (glibc's allocator, c10's log level), which a
+    fork of the server would not see."""
+    if rank_env or "forkserver" not in multiprocessing.get_all_start_methods() or torch.cuda.is_available():
+        return multiprocessing.get_context("spawn")
+    context = multiprocessing.get_context("forkserver")
+    context.set_forkserver_preload(FORKSERVER_PRELOAD)
+    return context
+
+
+class _LauncherStdio:
+    """The launcher's stdout and stderr, passed to a rank as it starts (a fork server's are as old as the server:
+    output would miss a redirection made since). Unpickled in the rank as a pair of objects whose ``detach()``
+    gives the rank's copy of each descriptor."""
+
+    def __reduce__(self):
+        from multiprocessing.reduction import DupFd  # only while a process is being started
+        return tuple, ((DupFd(1), DupFd(2)),)
+
 
 # A rank that has died without reporting may still have its result in flight; wait this long for it.
 _DEAD_GRACE_S = 2.0
@@ -165,13 +192,18 @@ def enter_netns(path: str) -> None:
         os.close(fd)
 
 
-def _pool_worker(rank, world_size, backend, store_addr, timeout_s, threads, tasks, results,
-                 place=("", "")) -> None:
+def _pool_worker(rank, world_size, backend, store_addr, timeout_s, threads, tasks, results, place, environment,
+                 stdio) -> None:
     """One rank of a :class:`RankPool`: set up once, then run each task that arrives until told to stop."""
+    for fd, inherited in zip((1, 2), stdio):
+        copy = inherited.detach()
+        os.dup2(copy, fd)
+        os.close(copy)
     faulthandler.enable()  # a rank killed by a signal (a crash inside torch) prints its Python stack to stderr
     task = _ABANDON
     try:
-        os.environ.update(LOCAL_RANK=str(rank), LOCAL_WORLD_SIZE=str(world_size))
+        os.environ.clear()  # the launching process's, as a spawned rank has it (not the fork server's, older)
+        os.environ.update(environment, LOCAL_RANK=str(rank), LOCAL_WORLD_SIZE=str(world_size))
         netns, interface = place
         if netns:  # an emulated host (harness.netem): its own network namespace, before any socket opens
             enter_netns(netns)
@@ -336,7 +368,7 @@ class RankPool:
         self.close()
 
     def _start(self) -> None:
-        mp = multiprocessing.get_context("spawn")
+        mp = start_method(self.env)
         self._results, self._queues = mp.Queue(), [mp.Queue() for _ in range(self.world_size)]
         timeout = datetime.timedelta(seconds=self.timeout_s)
         self._store = dist.TCPStore("127.0.0.1", 0, self.world_size + 1, is_master=True, timeout=timeout,
@@ -344,7 +376,7 @@ class RankPool:
         self._procs = [mp.Process(target=_pool_worker, daemon=True, name=f"rank{r}",
                                   args=(r, self.world_size, self.backend, (self.store_host, self._store.port),
                                         self.timeout_s, self.threads, self._queues[r], self._results,
-                                        self.places[r]))
+                                        self.places[r], {**os.environ, **self.env}, _LauncherStdio()))
                        for r in range(self.world_size)]
         with environ(self.env):
             for p in self._procs:

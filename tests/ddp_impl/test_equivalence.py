@@ -76,17 +76,19 @@ def test_the_gpu_checks_matrix_passes_on_cpu():
 
 def test_timing_on_an_event_clock_creates_no_event_after_warmup_and_stamps_per_bucket_only_when_tracing():
     """CUDA's clock (events, here on the host's clock): the default stamps a fixed set per iteration whatever the
-    cap, from two reused sets; tracing adds every bucket's launch and finish. Both still give the phases."""
+    cap, from two reused sets; tracing adds every bucket's launch and finish, and its completion stamped by the
+    communication thread on events of its own. Both still give the phases."""
     (got,) = launch(workers.event_stamps, 1, "gloo", timeout_s=60, deadline_s=120)
     for (cap, mode), r in got.items():
-        created, t, buckets = r["created"], r["timing"], r["buckets"]
-        assert created[3] == created[-1], (cap, mode, created)  # nothing new once both sets exist (rebuilt)
+        in_sets, t, buckets = r["in_sets"], r["timing"], r["buckets"]
+        assert in_sets[3] == in_sets[-1], (cap, mode, in_sets)  # nothing new once both sets exist (rebuilt)
         launched = [x for x in t["bucket_launch_ms"] if x is not None]
         finished = [x for x in t["bucket_finish_ms"] if x is not None]
         if mode == "trace":
             assert len(launched) == len(finished) == buckets
+            assert r["created"] <= in_sets[-1] + 6 * buckets  # plus at most one completion event per bucket
         else:
-            assert len(launched) == 1 and not finished and created[-1] == 2 * 6, (cap, created)
+            assert len(launched) == 1 and not finished and r["created"] == in_sets[-1] == 2 * 6, (cap, r)
         assert 0 < t["forward_compute_time_ms"] <= t["backward_start_ms"] <= t["backward_end_ms"] <= t["comm_end_ms"]
         assert t["backward_comm_time_ms"] >= 0 and t["exposed_comm_time_ms"] >= 0
     assert got[(0, "trace")]["buckets"] > 1  # cap 0: one bucket per parameter

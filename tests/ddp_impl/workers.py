@@ -149,18 +149,18 @@ class FakeEvent:
 
 
 def event_stamps(ctx):
-    """Events an EventClock has created after each of 6 iterations, and the last iteration's timing, per
-    bucket cap and timing mode."""
+    """Events an EventClock's reused sets hold after each of 6 iterations, all events it has created, and the last
+    iteration's timing, per bucket cap and timing mode."""
     from ddp_impl.timing import EventClock
     out = {}
     for cap in (0, 25):
         for mode in (True, "trace"):
             model = OurDDP(seeded(ConvNet, 0), bucket_cap_mb=cap, timing=mode)
             model._clock = EventClock(FakeEvent)
-            FakeEvent.created, created = 0, []
+            FakeEvent.created, in_sets = 0, []
             for step in range(6):
                 model(torch.randn(8, 3, 16, 16)).sum().backward()
-                created.append(FakeEvent.created)
-            out[(cap, mode)] = dict(created=created, timing=model.last_timing.as_dict(),
+                in_sets.append(sum(map(len, model._clock._sets)))
+            out[(cap, mode)] = dict(in_sets=in_sets, created=FakeEvent.created, timing=model.last_timing.as_dict(),
                                     buckets=len(model.reducer.buckets))
     return out

@@ -17,7 +17,7 @@ from harness.launch import launch
 def test_bench_cli_tiny(tmp_path):
     out = tmp_path / "bench"
     cmd = [sys.executable, "-m", "experiments.bench", "--models=small", "--bucket_caps_mb=1,25", "--iters=3",
-           "--warmup=2", "--memory_iters=1", "--threads_per_rank=1", "--timeout_s=60", "--malloc=retain", f"--out={out}"]
+           "--warmup=2", "--memory_iters=1", "--threads_per_rank=1", "--timeout_s=60", f"--out={out}"]
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=240)
     assert proc.returncode == 0, proc.stderr[-3000:]
 
@@ -29,7 +29,7 @@ def test_bench_cli_tiny(tmp_path):
                 "cpu_ratio", "ours_vs_ideal", "torch_vs_ideal", "torch_b_ms", "aa_ratio", "ratio_both", "paired_both"):
         assert all(math.isfinite(v) and v > 0 for v in summary[col]), col
     assert (summary["ratio_ci_lo"] <= summary["ratio_ci_hi"]).all()
-    assert (summary["rounds"] == 3).all() and summary["same_buckets"].all() and (summary["malloc"] == "retain").all()
+    assert (summary["rounds"] == 3).all() and summary["same_buckets"].all() and (summary["malloc"] == "default").all()
     assert (summary[["faults_ours", "faults_torch", "faults_torch_b"]] >= 0).all().all()
     assert {"hostname", "cpu", "cores", "torch_version", "git_commit", "backend", "load_before"} <= set(summary)
 

@@ -25,7 +25,7 @@ TINY = {
     "fig10": ["--models=small", "--world_sizes=2", "--sync_every=1,2", "--iters=2"],
     "fig11": ["--batch_sizes=16", "--sync_every=2", "--iters=8", "--eval_every=4", "--smooth=2", "--seeds=0,1"],
     "fig12": ["--models=small", "--groups=1,3"],
-    "zero": ["--models=small", "--world_sizes=1,2", "--systems=torch,zero1,fsdp,deepspeed3"],
+    "zero": ["--models=small", "--world_sizes=2", "--systems=torch,fsdp"],
 }
 RANKS_OPTIONS = {"fig7", "fig8", "fig10", "fig12", "zero"}  # and tune (test_tune_draws_...)
 REPO = Path(__file__).resolve().parents[2]

@@ -89,13 +89,13 @@ def test_emulated_hosts_shape_only_the_traffic_between_hosts():
 
 @needs_netem
 def test_faults_across_emulated_hosts_are_stored_as_errors_and_the_sweep_goes_on(tmp_path):
-    """A rank SIGKILLed mid-run on host 0, and host 1's link taken down mid-run: every rank on both hosts ends
-    within the process-group timeout, each point is stored as an error, and the next point on the same pool
-    settings measures normally (the namespace is rebuilt, its links up again)."""
-    timeout_s = 20
-    base = dict(model="small", impl="ours", world_size=4, hosts=2, iters=400, warmup=0, threads_per_rank=1,
+    """A rank SIGKILLed mid-run, and its host's link taken down mid-run: every rank on both hosts ends within the
+    process-group timeout, each point is stored as an error, and the next point on the same pool settings measures
+    normally (the namespace is rebuilt, its links up again)."""
+    timeout_s = 15
+    base = dict(model="small", impl="ours", world_size=2, hosts=2, iters=400, warmup=0, threads_per_rank=1,
                 net="500mbit", timeout_s=timeout_s)
-    killed, cut = TrainConfig(**base, fault="kill@1"), TrainConfig(**base, fault="linkdown@2")
+    killed, cut = TrainConfig(**base, fault="kill@1"), TrainConfig(**base, fault="linkdown@1")
     fine = TrainConfig(**dict(base, iters=3), repeat=1)  # the second pass: after both faults
     start = time.monotonic()
     df = run_sweep("faults", [killed, cut, fine], root=tmp_path, progress=False)
@@ -106,7 +106,7 @@ def test_faults_across_emulated_hosts_are_stored_as_errors_and_the_sweep_goes_on
     assert "exited with code -9" in killed_error or "remote worker crashing" in killed_error, killed_error[-500:]
     assert "rank(s) failed" in errors[config.point_id(cut)]
     ok = df[df["point_id"] == config.point_id(fine)]
-    assert len(ok) == 4 * 3 and ok["total_ms"].notna().all()
+    assert len(ok) == 2 * 3 and ok["total_ms"].notna().all()
     assert took < 2 * timeout_s + 90, took  # nothing waited beyond the timeout (plus start-up of 3 pools)
 
 
