@@ -53,8 +53,8 @@ EAGER_COPY_NUMEL = 1 << 16
 def hook_accumulators(params: Sequence[torch.Tensor], make_hook: Callable[[int], Callable]) -> tuple[list, list]:
     """``make_hook(i)`` on parameter i's gradient accumulator, as torch's reducer hooks it: it runs once the incoming
     gradient is accumulated and freed, the moment DDP's buckets see a gradient ready. A post-accumulate-grad hook on
-    the parameter runs while that temporary is alive, which left glibc trimming and re-faulting the heap under
-    BERT-base's 9 MiB gradients (BENCHMARKS.md, "Ninth precision run"). Returns (accumulators, handles): hold the
+    the parameter runs while that temporary is alive, which leaves glibc trimming and re-faulting the heap under
+    large gradients (BERT-base's 9 MiB). Returns (accumulators, handles): hold the
     accumulators, or autograd builds new ones and the hooks never run."""
     with torch.enable_grad():
         accumulators = [get_gradient_edge(p).node for p in params]

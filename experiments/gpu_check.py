@@ -83,11 +83,16 @@ def _cli(args: list[str], out: Path, timeout_s: float) -> subprocess.CompletedPr
                           env=run_env, timeout=timeout_s)
 
 
+def _net(cfg: GpuCheckConfig) -> list[str]:
+    """The CPU rehearsal measures over loopback: it rehearses the GPU path, not the CPU default's emulated link."""
+    return ["--net=loopback"] if cfg.device == "cpu" else []
+
+
 def fig7_smoke(cfg: GpuCheckConfig, p: dict, out: Path) -> dict:
     caps = ",".join(f"{c:g}" for c in cfg.bucket_caps_mb)
     proc = _cli(["fig7", f"--world_size={p['world_size']}", f"--backends={p['backend']}", f"--profile={p['profile']}",
                  f"--models={','.join(cfg.models)}", f"--bucket_caps_mb={caps}", "--repeats=1",
-                 f"--iters={cfg.fig7_iters}", "--cluster="], out, 4 * cfg.timeout_s)
+                 f"--iters={cfg.fig7_iters}", "--cluster=", *_net(cfg)], out, 4 * cfg.timeout_s)
     if proc.returncode != 0:
         return dict(ok=False, error=proc.stderr.strip().splitlines()[-1:] or [f"exit {proc.returncode}"])
     rows = load_results("fig7", out / "results")
@@ -104,7 +109,8 @@ def predict_beside(cfg: GpuCheckConfig, p: dict, out: Path, measured: dict) -> l
     rows = []
     for model in cfg.models:
         proc = _cli(["predict", f"--model={model}", f"--backend={p['backend']}", f"--world_size={p['world_size']}",
-                     f"--profile={p['profile']}", f"--bucket_cap_mb={cap:g}", "--json"], out, 4 * cfg.timeout_s)
+                     f"--profile={p['profile']}", f"--bucket_cap_mb={cap:g}", "--json", *_net(cfg)], out,
+                    4 * cfg.timeout_s)
         got = measured.get(f"{model} {cap:g}")
         if proc.returncode != 0:
             rows.append(dict(model=model, error=(proc.stderr.strip().splitlines() or ["?"])[-1]))

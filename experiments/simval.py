@@ -157,7 +157,7 @@ def combine(rounds: pd.DataFrame) -> pd.DataFrame:
 
 
 def summary(out: pd.DataFrame) -> pd.DataFrame:
-    """Median and worst absolute % error per model (the issue's goal: <= 5 % and <= 15 %)."""
+    """Median and worst absolute % error per model (the goal: <= 5 % and <= 15 %)."""
     err = out.assign(abs_error_pct=out["error_pct"].abs())
     return err.groupby("model")["abs_error_pct"].agg(points="count", median="median", worst="max").round(1)
 
@@ -165,7 +165,7 @@ def summary(out: pd.DataFrame) -> pd.DataFrame:
 def tuning(out: pd.DataFrame) -> pd.DataFrame:
     """Per (model, world size, link): the cap the simulator recommends among the measured caps (as ``make tune``
     picks: the least median worst regret over the rounds' probes, ties to the lower predicted latency) and its
-    measured latency over the best measured cap's (the issue's goal: within 2 %), beside torch's default 25 MiB."""
+    measured latency over the best measured cap's (the goal: within 2 %), beside torch's default 25 MiB."""
     from simulator.tune import least_regret
 
     caps = out[out["overlap"] & (out["round_robin_groups"] == 1) & (out["sync_every"] == 1)]

@@ -135,8 +135,7 @@ def _measure(cfgs: list[PointConfig], deadline_s: float | None, pools: _Pools, f
 
 def _run_on_pool(pools: _Pools, cfg: PointConfig, rate_mbit: float | None, task, args, deadline_s):
     """``task`` on the pool for ``cfg``. A point measuring memory runs an iteration under torch's memory profiler,
-    which now and then crashes a rank (SIGSEGV inside the profiled iteration: once in CI, never in 50 runs of that
-    point here): a point whose rank crashed is measured once more on fresh ranks, and says so."""
+    which can crash a rank (SIGSEGV inside the profiled iteration, rarely and not reproducibly): a point whose rank crashed is measured once more on fresh ranks, and says so."""
     memory = getattr(cfg, "memory", False)
     try:
         return pools.get_for(cfg, rate_mbit, fresh=memory).run(task, args, deadline_s)

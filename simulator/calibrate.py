@@ -261,9 +261,9 @@ def probe_rank(ctx, cfg: TrainConfig, full: bool = True, link: tuple = ()) -> li
             alone_ms = comm.allreduce_ms(cover.numel() * 4, ctx.world_size)
             lost = min(max(_median((r["covered"] - alone_ms) / r["backward"] for _, r in pairs), 0.0), 0.9)
             comm_contention = lost / (1 - lost)
-            # The compute-only halves join the first iterations: this host's speed moves within minutes, and one
-            # slow spell at the probe's start alone set the compute of every prediction (BERT-base backward read 689
-            # ms in one probe, 416-463 ms in the others), most visibly where no_sync leaves little else.
+            # The compute-only halves join the first iterations: a host's speed moves within minutes, and one slow
+            # spell at the probe's start would otherwise set the compute of every prediction (most visibly where
+            # no_sync leaves little else).
             runs += [alone for alone, _ in pairs]
     forward, backward, opt = (_median(r[k] for r in runs) for k in ("forward", "backward", "optimizer"))
     ready = [_median(r["ready"][i] for r in runs) for i in range(len(params))]
