@@ -1,11 +1,11 @@
 """Named clusters: FLOP counts against hand-computed ones, calibrations from the stated numbers, predictions
 that add up by hand, and the command line."""
 import json
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
+
+from tests.in_process import run_experiments
 import torch
 
 from simulator.clusters import CLUSTERS, STORED_FLOPS, cluster_calibration, count_flops, flop_profile
@@ -68,8 +68,7 @@ def test_a_cluster_prediction_adds_up_by_hand():
 
 
 def _predict(*args):
-    return subprocess.run([sys.executable, "-m", "experiments", "predict", *args], cwd=REPO, capture_output=True,
-                          text=True, timeout=300)
+    return run_experiments("predict", *args, cwd=REPO)
 
 
 def test_predict_command_speaks_for_a_named_cluster():

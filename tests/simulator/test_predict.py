@@ -1,17 +1,16 @@
 """What ``simulator.predict`` adds to the simulation (DDP's copies, the buffer broadcast), the calibration file,
 and the `predict` command end to end (small model, loopback: a functional check, not a timing one)."""
 import json
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
+
+from tests.in_process import run_experiments
 
 from simulator import AlphaBeta, ComputeProfile, fit_ring
 from simulator.calibrate import VERSION, Calibration
 from simulator.predict import Scenario, predict, with_bucket_copies
 
-REPO = Path(__file__).resolve().parents[2]
 # 400-byte gradients ready at 4 ms (p1) and 10 ms (p0); copying costs 0.005 ms per byte (2 ms per gradient)
 TWO = ComputeProfile(param_bytes=(400, 400), ready_ms=(10.0, 4.0), backward_ms=10.0, forward_ms=5.0, optimizer_ms=2.0)
 
@@ -52,9 +51,7 @@ def test_calibration_files_round_trip_and_refuse_other_versions(tmp_path):
 
 
 def _predict(*args, cwd):
-    return subprocess.run([sys.executable, "-m", "experiments", "predict", *args], cwd=cwd, capture_output=True,
-                          text=True, timeout=600, env={"PYTHONPATH": str(REPO), "PATH": "/usr/bin:/bin",
-                                                       "DDP_REPRO_RESULTS": str(cwd / "results")})
+    return run_experiments("predict", *args, cwd=cwd, env={"DDP_REPRO_RESULTS": str(cwd / "results")})
 
 
 def test_predict_command_probes_stores_and_reuses_a_calibration(tmp_path):
@@ -159,11 +156,9 @@ def test_the_link_comes_from_make_fig2s_stored_calls_on_the_same_link(tmp_path):
     from harness.collectives import call_samples
     from simulator.calibrate import fit_link
 
-    fig2 = subprocess.run([sys.executable, "-m", "experiments", "fig2", "--net=loopback", "--backends=gloo",
-                           "--total_params=600000", "--params_per_call=60000,600000", "--compute_model=small",
-                           "--iters=2", "--warmup=1", "--repeats=1"], cwd=tmp_path, capture_output=True, text=True,
-                          timeout=600, env={"PYTHONPATH": str(REPO), "PATH": "/usr/bin:/bin",
-                                            "DDP_REPRO_RESULTS": str(tmp_path / "results"), "MPLBACKEND": "Agg"})
+    fig2 = run_experiments("fig2", "--net=loopback", "--backends=gloo", "--total_params=600000",
+                           "--params_per_call=60000,600000", "--compute_model=small", "--iters=2", "--warmup=1",
+                           "--repeats=1", cwd=tmp_path, env={"DDP_REPRO_RESULTS": str(tmp_path / "results")})
     assert fig2.returncode == 0, fig2.stderr
     done = _predict("--model=small", "--net=loopback", "--json", cwd=tmp_path)
     assert done.returncode == 0, done.stderr
