@@ -30,7 +30,9 @@ from harness import env
 from harness.config import MODELS, PROFILES, auto_profile_backend, parse_dataclass
 from harness.env import is_writer
 from harness.errors import command_line, refusing
-from harness.launch import BACKENDS, MALLOC_ENV, RankContext, check_backend, check_malloc_env, launch
+from harness.allocator import MALLOC_ENV, check_malloc_env
+from harness.backends import BACKENDS, check_backend
+from harness.launch import RankContext, launch
 from harness.memory import PeakMeter, current_bytes
 from harness.models import input_spec, make_inputs, seeded_model
 from harness.results import git_commit, results_root, write_csv_atomic

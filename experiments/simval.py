@@ -53,7 +53,7 @@ class Config:
     # the whole grid again, each round with probes of its own (the host drifts within minutes); a point's median
     # over three rounds is not moved by one round's slow spell, as the mean of two was (1 and 5 MiB +25% in one)
     rounds: int = 3
-    # glibc's allocator in the ranks, probes and points alike (harness.launch.MALLOC_ENV): with its defaults, how
+    # glibc's allocator in the ranks, probes and points alike (harness.allocator.MALLOC_ENV): with its defaults, how
     # many pages a backward faults in depends on the heap's history (BERT-base: 0 to 130k, backward 410-650 ms),
     # which differs between a probe's process and the points'; "retain" keeps freed memory, as CUDA's allocator does
     malloc: str = "retain"

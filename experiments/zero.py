@@ -22,7 +22,7 @@ import pandas as pd
 from experiments import common, verdicts
 from harness import TrainConfig
 from harness.config import auto_profile_backend
-from harness.launch import threads_per_rank
+from harness.env import threads_per_rank
 from harness.memory import CATEGORIES
 from harness.models import input_spec
 from harness.systems import ZERO_IMPLS

@@ -12,8 +12,8 @@ import time
 
 import torch
 
-from harness.env import ranks_on_this_node
-from harness.launch import launch, threads_per_rank
+from harness.env import ranks_on_this_node, threads_per_rank
+from harness.launch import launch
 from harness.models import compute_loss, input_spec, make_inputs, seeded_model
 from harness.rate import parse_rate
 

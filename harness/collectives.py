@@ -15,7 +15,8 @@ import torch
 import torch.distributed as dist
 
 from harness.config import AllreduceConfig
-from harness.launch import RankContext, inject_fault
+from harness.faults import inject_fault
+from harness.launch import RankContext
 from harness.runner import rank_metadata
 
 BYTES_PER_PARAM = 4  # float32

@@ -27,14 +27,15 @@ from dataclasses import dataclass, field
 from ddp_impl.comm_hooks import ALIASES
 from harness import env
 from harness.data import DATASETS
-from harness.launch import BACKENDS, MALLOC_ENV
+from harness.allocator import MALLOC_ENV
+from harness.backends import BACKENDS
 from harness.rate import check_net
 from harness.systems import DDP_IMPLS, IMPLS, OPTIMIZERS
 
 MODELS = ("small", "resnet50", "resnet101", "bert-base", "bert-large", "tiny-layers")
 PROFILES = ("paper", "cpu")
 COMM_HOOKS = ("", *ALIASES)  # ddp_impl's short names of torch's own hooks; "" = the default allreduce
-FAULT_KINDS = ("raise", "exit", "segv", "hang", "kill", "linkdown")  # harness.launch.inject_fault
+FAULT_KINDS = ("raise", "exit", "segv", "hang", "kill", "linkdown")  # harness.faults.inject_fault
 DEFAULT_NET = "auto"  # emulate a link where nothing real is there (spawned CPU ranks); see harness.netem
 
 
@@ -76,10 +77,10 @@ class TrainConfig:
     net: str = DEFAULT_NET  # loopback | RATE per rank, e.g. 1gbit (emulated link) | auto; see harness.netem
     hosts: int = _field(1, "positive", added=True)  # emulated hosts: ranks split evenly, net = each host's link
     # glibc's allocator in the ranks: default | retain (freed memory stays for reuse, as CUDA's caching allocator
-    # keeps it; no page faults from reusing it): harness.launch.MALLOC_ENV
+    # keeps it; no page faults from reusing it): harness.allocator.MALLOC_ENV
     malloc: str = _field("default", choices=tuple(MALLOC_ENV), added=True)
     timeout_s: float = _field(300.0, "positive", identity=False)  # process group timeout
-    fault: str = ""  # fault injection for tests: "<kind>@<rank>", FAULT_KINDS (harness.launch.inject_fault)
+    fault: str = ""  # fault injection for tests: "<kind>@<rank>", FAULT_KINDS (harness.faults.inject_fault)
 
 
 @dataclass(frozen=True)

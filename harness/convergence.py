@@ -24,7 +24,8 @@ from torch import nn
 
 from harness.config import ConvergenceConfig
 from harness.data import Dataset, batch_indices, load_dataset
-from harness.launch import RankContext, inject_fault
+from harness.faults import inject_fault
+from harness.launch import RankContext
 from harness.runner import rank_metadata
 
 EVAL_BATCH = 2048  # test samples per forward when evaluating

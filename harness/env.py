@@ -1,8 +1,10 @@
 """Where this process runs, as the launcher's environment says: the one place outside the launcher's own
-start-up that reads ``RANK``, and whether CUDA is here. A leaf module (no harness imports), so config, launch,
-sweep and drivers can all use it; tests replace ``cuda_available`` to play a GPU machine."""
+start-up that reads ``RANK``, whether CUDA is here, and the cores its ranks share. A leaf module (no harness
+imports), so config, launch, sweep and drivers can all use it; tests replace ``cuda_available`` to play a GPU
+machine."""
 from __future__ import annotations
 
+import contextlib
 import os
 
 
@@ -46,3 +48,30 @@ def cuda_devices() -> int:
     import torch
 
     return torch.cuda.device_count()
+
+
+def available_cores() -> int:
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:  # not Linux
+        return os.cpu_count() or 1
+
+
+def threads_per_rank(ranks_on_node: int, requested: int = 0) -> int:
+    """``requested`` if positive, else the cores of this machine shared evenly by its ranks."""
+    return requested if requested > 0 else max(1, available_cores() // max(1, ranks_on_node))
+
+
+@contextlib.contextmanager
+def environ(extra: dict[str, str]):
+    """``os.environ`` with ``extra`` set for the block (spawned children inherit it), restored after."""
+    saved = {k: os.environ.get(k) for k in extra}
+    os.environ.update(extra)
+    try:
+        yield
+    finally:
+        for k, v in saved.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v

@@ -27,7 +27,7 @@ from pathlib import Path
 
 import torch
 
-from harness.launch import trim_heap
+from harness.allocator import trim_heap
 
 CATEGORIES = ("parameters", "gradients", "optimizer_state", "activations", "communication_buffers", "other")
 _PROFILER_CATEGORY = {"PARAMETER": "parameters", "GRADIENT": "gradients", "OPTIMIZER_STATE": "optimizer_state",

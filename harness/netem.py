@@ -57,6 +57,7 @@ from pathlib import Path
 
 from harness.errors import ConfigError
 from harness.launch import LaunchError, RankPool
+from harness.netns import Host
 
 _SBIN = "/usr/local/sbin:/usr/sbin:/sbin:/usr/local/bin:/usr/bin:/bin"
 
@@ -367,7 +368,7 @@ def _helper(answer_fd: str) -> int:
 def _serve(setup: dict, answer, hosts_netns: list[str]) -> int:
     """The helper's loop: run each request on the pool's ranks until the parent closes our stdin."""
     world_size = setup["world_size"]
-    places = [(hosts_netns[r * len(hosts_netns) // world_size], HOST_INTERFACE) for r in range(world_size)] \
+    hosts = [Host(hosts_netns[r * len(hosts_netns) // world_size], HOST_INTERFACE) for r in range(world_size)] \
         if hosts_netns else []  # contiguous ranks per host, as torchrun places them
     os.environ["GLOO_SOCKET_IFNAME"] = "lo"  # the only interface here; skips Gloo's hostname lookup
     if os.environ.pop("_DDP_NETEM_UNSET_LOG_LEVEL", None):  # torch is imported: the ranks log as usual
@@ -375,7 +376,7 @@ def _serve(setup: dict, answer, hosts_netns: list[str]) -> int:
     answer(status="ready")
     dropped = 0
     with RankPool(world_size, setup["backend"], timeout_s=setup["timeout_s"], threads=setup["threads"],
-                  places=places, store_host=SWITCH_ADDR if places else "127.0.0.1") as pool:
+                  rank_setup=[host.enter for host in hosts], store_host=SWITCH_ADDR if hosts else "127.0.0.1") as pool:
         for line in sys.stdin:  # one request per line until the parent closes our stdin
             req = json.loads(line)
             try:

@@ -17,7 +17,8 @@ from typing import Iterable
 from harness import env, netem
 from harness.config import AllreduceConfig, ConvergenceConfig, PointConfig, TrainConfig
 from harness.data import check_dataset
-from harness.launch import check_backend, check_malloc_env
+from harness.allocator import check_malloc_env
+from harness.backends import check_backend
 from harness.models import build_model
 
 # What a spawned CPU rank holds before any model: Python, torch and its process group (measured: 305 MB private

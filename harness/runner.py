@@ -39,7 +39,9 @@ import torch
 
 from harness import memory
 from harness.config import TrainConfig
-from harness.launch import RankContext, inject_fault, trim_heap
+from harness.allocator import trim_heap
+from harness.faults import inject_fault
+from harness.launch import RankContext
 from harness.models import compute_loss, input_spec, make_inputs, seeded_model
 from harness.systems import DDP_IMPLS, ZERO_IMPLS, Trainer, build, state_tensors
 

@@ -20,7 +20,7 @@ import torch
 import torch.distributed as dist
 
 from harness.config import OneLineParser
-from harness.launch import end_rank, init_in_place
+from harness.groups import end_rank, init_in_place
 from harness.models import SmallNet
 
 

@@ -40,7 +40,9 @@ from harness.config import (AllreduceConfig, ConvergenceConfig, PointConfig, Tra
 from harness.convergence import run_convergence_point
 from harness.env import in_place, is_writer
 from harness.errors import refusing
-from harness.launch import MALLOC_ENV, LaunchError, RankPool, init_in_place, launch, refuse_in_bootstrapping_child
+from harness.allocator import MALLOC_ENV
+from harness.groups import init_in_place
+from harness.launch import LaunchError, RankPool, launch, refuse_in_bootstrapping_child
 from harness.preflight import memory_bytes, model_param_bytes, preflight
 from harness.runner import run_training_point, run_training_points
 

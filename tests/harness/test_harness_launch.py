@@ -12,8 +12,11 @@ import pytest
 import torch
 import torch.distributed as dist
 
-from harness.launch import (MALLOC_ENV, LaunchError, RankPool, available_cores, end_rank, find_free_port,
-                            inject_fault, launch)
+from harness.allocator import MALLOC_ENV
+from harness.env import available_cores
+from harness.faults import inject_fault
+from harness.groups import end_rank
+from harness.launch import LaunchError, RankPool, find_free_port, launch
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -125,10 +128,10 @@ def test_a_rank_ends_with_its_groups_destroyed_and_their_threads_joined():
 
 # `python -m harness` with an exit hook registered before the harness runs, so it runs after the harness's own: the
 # Gloo threads left as the interpreter goes on to finalize (one that then takes the GIL aborts the process; see
-# harness.launch.end_rank).
+# harness.groups.end_rank).
 EXIT_PROBE = """
 import atexit, os, runpy
-from harness.launch import gloo_threads
+from harness.groups import gloo_threads
 atexit.register(lambda: print(f"rank {os.environ['RANK']} Gloo threads at exit: {gloo_threads()}", flush=True))
 runpy.run_module("harness", run_name="__main__", alter_sys=True)
 """

@@ -15,7 +15,7 @@ import torch.distributed as dist
 from harness import (AllreduceConfig, LaunchError, TrainConfig, autorate, config, env, netem, run_point, run_sweep,
                      validate)
 from harness.collectives import bus_factor
-from harness.launch import available_cores
+from harness.env import available_cores
 from harness.preflight import preflight
 from harness.rate import parse_rate
 

@@ -105,7 +105,7 @@ def test_the_sbatch_script_runs_a_point_like_a_spawned_run(cluster, tmp_path):
          "harness/slurm_example.sbatch"], cwd=REPO, env=env, capture_output=True, text=True, timeout=300)
     log = "".join(p.read_text() for p in tmp_path.glob("job-*.out"))
     assert job.returncode == 0, f"{job.stdout}{job.stderr}\n{log[-3000:]}"
-    # every rank ended its group before exit (harness.launch.end_rank): no thread left to abort it, nothing said
+    # every rank ended its group before exit (harness.groups.end_rank): no thread left to abort it, nothing said
     for sign in ("terminate called", "Fatal Python error", "still run after destroy_process_group"):
         assert sign not in log, log[-3000:]
     stored = load_results("slurm", results)

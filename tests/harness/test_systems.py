@@ -7,7 +7,8 @@ from torch import nn
 
 from harness import memory
 from harness.config import TrainConfig, validate
-from harness.launch import RankContext, check_backend, launch
+from harness.backends import check_backend
+from harness.launch import RankContext, launch
 from harness.models import compute_loss, input_spec, make_inputs, seeded_model
 from harness.sweep import run_point
 from harness.systems import ThreadReplicas, blocks, build, state_tensors
