@@ -1,7 +1,9 @@
 """Our own bucketed DistributedDataParallel, after Li et al. (VLDB 2020) and today's torch DDP.
 
-Depends on torch only. ``buckets`` assigns parameters to buckets (pure functions), ``reducer`` owns the hooks,
-readiness, launch order and finalize, ``distributed`` is the module front-end, ``comm_hooks`` and
+Depends on torch only. ``buckets`` assigns parameters to buckets (pure functions); ``reducer`` owns the hooks,
+readiness and launch order, over ``bucket_store`` (the flat buckets and their views) and ``write_back`` (the
+wait and copy back into ``.grad``); ``distributed`` is the module front-end, with ``outputs`` (what a forward
+returns), ``broadcast`` (parameter and buffer syncs) and ``join`` (uneven inputs); ``comm_hooks`` and
 ``process_groups`` are the pluggable communication pieces, ``timing`` the per-iteration instrumentation.
 """
 from . import comm_hooks

@@ -15,8 +15,6 @@
 """
 from __future__ import annotations
 
-import copy
-import dataclasses
 import warnings
 from contextlib import contextmanager, nullcontext
 from typing import Callable, Iterator, Sequence
@@ -24,19 +22,22 @@ from typing import Callable, Iterator, Sequence
 import torch
 import torch.distributed as dist
 from torch import nn
+from torch.distributed.algorithms.join import Join, Joinable
 
-from .buckets import MIB, mb_to_bytes
+from . import join
+from .broadcast import BROADCAST_CHUNK_BYTES, broadcast_coalesced
+from .buckets import mb_to_bytes
 from .comm_hooks import resolve
+from .outputs import tensors_in, through_sink
 from .process_groups import RoundRobinProcessGroup
 from .reducer import Reducer
 from .timing import IterationTiming, clock_for
 
 DEFAULT_BUCKET_CAP_MB = 25
 DEFAULT_FIRST_BUCKET_CAP_MB = 1  # torch's _DEFAULT_FIRST_BUCKET_BYTES, used only with the default cap
-BROADCAST_CHUNK_BYTES = 250 * MIB  # torch's broadcast_bucket_size: bounds the extra memory of the broadcast
 
 
-class DistributedDataParallel(nn.Module):
+class DistributedDataParallel(nn.Module, Joinable):
     """Bucketed, overlapping data parallelism; see the module docstrings of ``ddp_impl`` for the algorithm.
 
     ``bucket_cap_mb`` and ``first_bucket_cap_mb`` are MiB like torch's; 0 gives one bucket per parameter. As in
@@ -59,7 +60,8 @@ class DistributedDataParallel(nn.Module):
     ``forward_sync_buffers`` (default True) broadcasts rank 0's buffers before each synchronized forward; they
     are always broadcast at construction unless ``init_sync=False`` (which skips the parameter check and
     broadcast too) or the deprecated ``broadcast_buffers=False`` is given.
-    Not supported, with a clear error: ``join`` (uneven inputs), sparse gradients.
+    ``join()`` trains on uneven inputs across ranks, as torch's (see ``ddp_impl.join``). Not supported, with a
+    clear error: sparse gradients.
     """
 
     def __init__(self, module: nn.Module, process_group=None, bucket_cap_mb: float | None = None,
@@ -69,6 +71,8 @@ class DistributedDataParallel(nn.Module):
                  static_graph: bool = False, forward_sync_buffers: bool | None = None, init_sync: bool = True,
                  bucket_cap_mb_list: Sequence[float] | None = None):
         super().__init__()
+        Joinable.__init__(self)  # _join_config: disabled until a Join context enables it
+        self._divide_by_initial_world_size = True
         if first_bucket_cap_mb is None:
             first_bucket_cap_mb = DEFAULT_FIRST_BUCKET_CAP_MB if bucket_cap_mb is None else bucket_cap_mb
         if bucket_cap_mb is None:
@@ -110,7 +114,7 @@ class DistributedDataParallel(nn.Module):
             states = [p.detach() for p in module.parameters()]
             if init_sync_buffers:
                 states += [b.detach() for b in module.buffers()]
-            _broadcast_coalesced(states, primary)
+            broadcast_coalesced(states, primary)
         self._clock = clock_for(device)
         self._reducer_args = dict(cap_bytes=cap, first_cap_bytes=first_cap, overlap=overlap,
                                   find_unused_parameters=find_unused_parameters, static_graph=static_graph,
@@ -183,12 +187,37 @@ class DistributedDataParallel(nn.Module):
         self._comm_hook = (hook, state)
         self.reducer.comm_hook, self.reducer.comm_state = hook, state
 
-    def join(self, *args, **kwargs):
-        raise NotImplementedError(
-            "join() (uneven inputs across ranks) is not supported by ddp_impl: give every rank the same number of "
-            "batches (e.g. DistributedSampler(..., drop_last=True)), or use torch's DistributedDataParallel")
+    def join(self, divide_by_initial_world_size: bool = True, enable: bool = True,
+             throw_on_early_termination: bool = False) -> Join:
+        """torch's API: a context in which ranks may run different numbers of iterations (``ddp_impl.join``).
+        Inside it every forward costs two small extra allreduces; ``enable=False`` makes it a no-op."""
+        if enable and self.static_graph and self.reducer.static_graph_pending:
+            raise RuntimeError("join() with static_graph=True needs one synchronized iteration on every rank "
+                               "before the join context (the first iteration learns the graph)")
+        return Join([self], enable, throw_on_early_termination,
+                    divide_by_initial_world_size=divide_by_initial_world_size)
 
-    join_hook = join  # torch.distributed.algorithms.Join([model]) asks for this: the same clear error
+    def join_hook(self, **kwargs) -> join.DDPJoinHook:
+        """Joinable's API: what a joined rank runs while others still train (``Join([model, optimizer])``)."""
+        return join.DDPJoinHook(self, kwargs.get("divide_by_initial_world_size", True))
+
+    @property
+    def join_device(self) -> torch.device:
+        return self.reducer.params[0].device
+
+    @property
+    def join_process_group(self):
+        return self._primary
+
+    def _sync_buffers(self, joined: bool = False) -> None:
+        """Before a forward that follows a synchronized one, every rank takes one rank's buffers: rank 0's, or
+        in a join context the highest rank still training (a joined rank's buffers are stale)."""
+        if not (self._sync_buffers_now and self.forward_sync_buffers and self.world_size > 1):
+            return
+        buffers = [b.detach() for b in self.module.buffers()]  # re-read: a buffer may have been replaced
+        if buffers:
+            src = join.common_rank(self, not joined) if self._join_config.enable else 0
+            broadcast_coalesced(buffers, self._primary, src)
 
     @property
     def last_timing(self) -> IterationTiming | None:
@@ -204,27 +233,26 @@ class DistributedDataParallel(nn.Module):
         sync = torch.is_grad_enabled() and self.require_backward_grad_sync
         if sync:
             reducer.check_prior_finished()
+        if self._join_config.enable:
+            join.announce(self, sync)
+        if sync:
             reducer.rebuild_if_pending()
         timing = IterationTiming(self._clock, len(reducer.buckets), trace=self.timing == "trace") \
             if sync and self.timing else None
-        if self._sync_buffers_now and self.forward_sync_buffers and self.world_size > 1:
-            buffers = [b.detach() for b in self.module.buffers()]  # re-read: a buffer may have been replaced
-            if buffers:
-                _broadcast_coalesced(buffers, self._primary)
-        # Like torch's DDP: buffers are broadcast before a forward iff the previous forward was synchronized.
+        self._sync_buffers()  # as torch's DDP: iff the previous forward was synchronized
         self._sync_buffers_now = sync
         output = self.module(*args, **kwargs)
         if sync:
             if timing is not None:
                 timing.forward_end = self._clock.stamp()
-            tensors = [t for t in _tensors_in(output) if t.requires_grad] \
+            tensors = [t for t in tensors_in(output) if t.requires_grad] \
                 if timing is not None or self.find_unused_parameters else []
             unused = []
             if self.find_unused_parameters and not self.static_graph:  # a static graph's reducer knows already
                 with torch.autograd.profiler.record_function("search_unused_parameters"):  # torch's name
                     unused = self._unused_parameters(tensors)
                 if len(tensors) > 1:
-                    output, tensors = _joined(output, tensors)
+                    output, tensors = through_sink(output, tensors)
             if timing is not None:
                 for t in tensors:
                     t.register_hook(lambda grad: _stamp_backward_start(timing))
@@ -253,8 +281,8 @@ class DistributedDataParallel(nn.Module):
             raise RuntimeError("pickling DistributedDataParallel (torch.save, copy.deepcopy) is only supported "
                                "with the default process group, as in torch: save model.module instead")
         state = dict(self.__dict__)
-        for key in ("process_group", "_primary", "reducer"):
-            del state[key]
+        for key in ("process_group", "_primary", "reducer", "_join_flag"):
+            state.pop(key, None)
         return state
 
     def __setstate__(self, state):
@@ -286,104 +314,6 @@ def _stamp_backward_start(timing: IterationTiming) -> None:
         timing.backward_start = timing.clock.stamp()
 
 
-def _tensors_in(obj) -> Iterator[torch.Tensor]:
-    """Every tensor in a nested output, as torch's DDP finds them: tensors, lists, tuples (named too), dicts
-    (a transformers ModelOutput is one) and dataclasses."""
-    if isinstance(obj, torch.Tensor):
-        yield obj
-    elif isinstance(obj, dict):
-        for v in obj.values():
-            yield from _tensors_in(v)
-    elif isinstance(obj, (list, tuple)):
-        for v in obj:
-            yield from _tensors_in(v)
-    elif dataclasses.is_dataclass(obj) and not isinstance(obj, type):
-        for f in dataclasses.fields(obj):
-            yield from _tensors_in(getattr(obj, f.name))
-
-
-class _JoinOutputs(torch.autograd.Function):
-    """Every output tensor through one node (torch's ``_DDPSink``): a backward from any of them then runs the
-    branches of the others too, with no gradient (``None``, not zeros), so the hooks of parameters behind an
-    output the loss left out still fire and the reducer counts those parameters unused on this rank instead of
-    waiting for gradients that never come."""
-
-    @staticmethod
-    def forward(ctx, *tensors):
-        ctx.set_materialize_grads(False)
-        return tuple(t.clone() for t in tensors)  # clones, so the caller may modify an output in place
-
-    @staticmethod
-    def backward(ctx, *grads):
-        return grads
-
-
-def _joined(output, tensors: list[torch.Tensor]):
-    """``output`` with each of ``tensors`` replaced by its pass through one :class:`_JoinOutputs` node, and the
-    new tensors."""
-    joined = _JoinOutputs.apply(*tensors)
-    new = {id(t): j for t, j in zip(tensors, joined)}
-    return _with_tensors(output, new), list(joined)
-
-
-def _with_tensors(obj, new: dict[int, torch.Tensor]):
-    """A copy of a nested output with tensors replaced through ``new`` (by ``id``), walking what ``_tensors_in``
-    walks; containers are rebuilt as the same type (a frozen dataclass too), anything else kept as is."""
-    if isinstance(obj, torch.Tensor):
-        return new.get(id(obj), obj)
-    if isinstance(obj, dict):
-        copy_ = copy.copy(obj)  # keeps the type (a transformers ModelOutput, a defaultdict's factory)
-        for k, v in obj.items():
-            copy_[k] = _with_tensors(v, new)
-        return copy_
-    if isinstance(obj, tuple) and hasattr(obj, "_fields"):  # a NamedTuple
-        return type(obj)(*(_with_tensors(v, new) for v in obj))
-    if isinstance(obj, (list, tuple)):
-        return type(obj)(_with_tensors(v, new) for v in obj)
-    if dataclasses.is_dataclass(obj) and not isinstance(obj, type):
-        copy_ = copy.copy(obj)
-        for f in dataclasses.fields(obj):
-            object.__setattr__(copy_, f.name, _with_tensors(getattr(obj, f.name), new))
-        return copy_
-    return obj
-
-
 def _current_device(device: torch.device):
     """On CUDA, make ``device`` current (object collectives and NCCL use the current device)."""
     return torch.cuda.device(device) if device.type == "cuda" else nullcontext()
-
-
-@torch.no_grad()
-def _broadcast_coalesced(tensors: list[torch.Tensor], group, chunk_bytes: int = BROADCAST_CHUNK_BYTES) -> None:
-    """Broadcast rank 0's tensors with one collective per chunk of one (device, dtype) instead of one per tensor.
-
-    A chunk holds at most ``chunk_bytes`` (or one tensor, if bigger), so the extra memory is bounded, as torch's
-    250 MiB broadcast buckets. Up to two chunks are in flight: one is copied out while the next is on the wire.
-    """
-    src = dist.get_global_rank(group, 0)
-    is_source = dist.get_rank() == src
-    chunks: list[list[torch.Tensor]] = []
-    kinds: dict[tuple, list[torch.Tensor]] = {}
-    for t in tensors:
-        kinds.setdefault((t.device, t.dtype), []).append(t)
-    for same in kinds.values():
-        chunk, size = [], 0
-        for t in same:
-            if chunk and size + t.numel() * t.element_size() > chunk_bytes:
-                chunks.append(chunk)
-                chunk, size = [], 0
-            chunk.append(t)
-            size += t.numel() * t.element_size()
-        chunks.append(chunk)
-
-    def start(chunk):
-        flat = torch.cat([t.reshape(-1) for t in chunk])
-        return flat, dist.broadcast(flat, src=src, group=group, async_op=True)
-
-    in_flight = start(chunks[0]) if chunks else None
-    for k, chunk in enumerate(chunks):
-        flat, work = in_flight
-        in_flight = start(chunks[k + 1]) if k + 1 < len(chunks) else None
-        work.wait()
-        if not is_source:
-            torch._foreach_copy_(chunk, [v.view_as(t) for v, t in zip(flat.split([t.numel() for t in chunk]), chunk)])

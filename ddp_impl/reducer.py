@@ -38,16 +38,13 @@ import torch.distributed as dist
 from torch.autograd import Variable
 from torch.autograd.graph import get_gradient_edge
 
-from .buckets import Bucket, ParamSpec, assign_buckets, initial_buckets
+from .bucket_store import EAGER_COPY_NUMEL, BucketStore
+from .buckets import ParamSpec, assign_buckets, initial_buckets
 from .comm_hooks import GradBucket
 from .process_groups import RoundRobinProcessGroup
 from .timing import IterationTiming
+from .write_back import WriteBack
 
-
-# A gradient this large (elements) is copied into its bucket by its own hook, as soon as it is final: its copy
-# costs far more than launching it, and copying it later would delay the bucket's launch. Smaller ones wait for
-# the bucket's fused copy (on CPU, 64 Ki float32 elements take tens of microseconds; a launch takes a few).
-EAGER_COPY_NUMEL = 1 << 16
 
 
 def hook_accumulators(params: Sequence[torch.Tensor], make_hook: Callable[[int], Callable]) -> tuple[list, list]:
@@ -61,7 +58,7 @@ def hook_accumulators(params: Sequence[torch.Tensor], make_hook: Callable[[int],
     return accumulators, [acc.register_hook(make_hook(i)) for i, acc in enumerate(accumulators)]
 
 
-class Reducer:
+class Reducer(BucketStore, WriteBack):
     def __init__(self, params: Sequence[torch.nn.Parameter], names: Sequence[str], group, world_size: int,
                  cap_bytes: int | list[int], first_cap_bytes: int, overlap: bool, find_unused_parameters: bool,
                  gradient_as_bucket_view: bool, rebuild_buckets: bool, static_graph: bool = False):
@@ -104,61 +101,6 @@ class Reducer:
         self._warned_create_graph = False
         self._finalize_inline = False
         self._accumulators, self._hook_handles = hook_accumulators(self.params, self._make_hook)
-
-    # ---- bucket storage -------------------------------------------------------------------------------
-    def _build(self, buckets: list[Bucket]) -> None:
-        """Allocate one flat tensor per bucket and a view of it per parameter."""
-        self.buckets = buckets
-        self.flats = [torch.zeros(b.numel, dtype=b.dtype, device=b.device) for b in buckets]
-        self.views: list[torch.Tensor] = [None] * len(self.params)  # type: ignore[list-item]
-        self.bucket_of = [0] * len(self.params)
-        for b, flat in zip(buckets, self.flats):
-            offset = 0
-            for i in b.param_indices:
-                numel = self.specs[i].numel
-                self.views[i] = flat[offset:offset + numel].view(self.params[i].shape)
-                self.bucket_of[i] = b.index
-                offset += numel
-        self.bucket_sizes = [len(b.param_indices) for b in buckets]
-        self._bucket_views = [[self.views[i] for i in b.param_indices] for b in buckets]
-        self._bucket_params = [[self.params[i] for i in b.param_indices] for b in buckets]
-        self._deferred = [[i for i in b.param_indices if self.specs[i].numel < EAGER_COPY_NUMEL] for b in buckets]
-        self._deferred_views = [[self.views[i] for i in d] for d in self._deferred]
-        self._deferred_params = [[self.params[i] for i in d] for d in self._deferred]
-
-    def _group_for(self, bucket_index: int):
-        if isinstance(self.group, RoundRobinProcessGroup):
-            return self.group.group_for(bucket_index)
-        return self.group
-
-    @property
-    def primary_group(self):
-        return self.group.primary if isinstance(self.group, RoundRobinProcessGroup) else self.group
-
-    def rebuild_if_pending(self) -> None:
-        """Called at the start of a synchronized forward (every rank, before any activation exists)."""
-        if self.rebuild_pending and self._order:
-            self._rebuild()
-
-    def _rebuild(self) -> None:
-        """Re-bucket in the gradient-ready order rank 0 observed, so early gradients share early buckets."""
-        self.rebuild_pending = False
-        order = self._order or []
-        self._order = None
-        seen = set(order)
-        order = order + [i for i in reversed(range(len(self.params))) if i not in seen]
-        device = self.params[0].device if self.params[0].device.type == "cuda" else torch.device("cpu")
-        order_t = torch.tensor(order, dtype=torch.int64, device=device)
-        dist.broadcast(order_t, src=dist.get_global_rank(self.primary_group, 0), group=self.primary_group)
-        old_views = self.views
-        if not self.as_view:  # nothing lives in the old buckets between iterations: free them first (like torch)
-            old_views = self.views = self.flats = self._bucket_views = self._deferred_views = None  # type: ignore
-        self._build(assign_buckets(self.specs, self.cap_bytes, self.first_cap_bytes, order_t.tolist()))
-        if self.as_view:  # .grad still points into the old buckets: move it into the new ones
-            for p, old, new in zip(self.params, old_views, self.views):
-                if p.grad is not None and p.grad.data_ptr() == old.data_ptr():
-                    new.copy_(old)
-                    p.grad = new
 
     # ---- per iteration --------------------------------------------------------------------------------
     def check_prior_finished(self) -> None:
@@ -323,17 +265,44 @@ class Reducer:
         timing = self.timing
         if timing is not None and (b == 0 or timing.per_bucket):
             timing.bucket_launch[b] = timing.clock.stamp()
-        if self.comm_hook is None:  # in place on the ProcessGroup itself, as torch's C++ reducer does
-            self._futures[b] = self._group_for(b).allreduce([self.flats[b]]).get_future()
-        else:
-            state = self.comm_state
-            if isinstance(state, RoundRobinProcessGroup):
-                state = state.group_for(b)
-            bucket = GradBucket(b, self.flats[b], self._bucket_views[b], self._bucket_params[b],
-                                b == len(self.buckets) - 1)
-            self._futures[b] = self.comm_hook(state, bucket)
+        self._futures[b] = self._reduce(b, self.flats[b], self._bucket_views[b])
         if timing is not None and timing.bucket_done is not None:
             self._futures[b].add_done_callback(timing.stamp_done(b))
+
+    def _reduce(self, b: int, flat: torch.Tensor, views: list[torch.Tensor]) -> torch.futures.Future:
+        if self.comm_hook is None:  # in place on the ProcessGroup itself, as torch's C++ reducer does
+            return self._group_for(b).allreduce([flat]).get_future()
+        state = self.comm_state
+        if isinstance(state, RoundRobinProcessGroup):
+            state = state.group_for(b)
+        return self.comm_hook(state, GradBucket(b, flat, views, self._bucket_params[b], b == len(self.buckets) - 1))
+
+    # ---- uneven inputs (``join``) ---------------------------------------------------------------------
+    def set_divisor(self, ranks: int) -> None:
+        """Average this iteration's gradients over ``ranks`` (the ranks still training, in a join context)."""
+        self._scale = 1.0 / ranks
+
+    @property
+    def static_graph_pending(self) -> bool:
+        return self.static and self._expected is None
+
+    def reduce_zeros(self) -> None:
+        """A joined rank's share of one synchronized backward of the others: the same collectives, in the same
+        order, on zeros (the local usage bitmap for ``find_unused_parameters``), so the sum is the others'."""
+        if self._order is not None and not self._order:  # never ran a backward: give the rebuild an order
+            self._order = list(reversed(range(len(self.params))))
+        futures = []
+        for b, bucket in enumerate(self.buckets):
+            zeros = torch.zeros_like(self.flats[b])
+            views = [v.view(self.params[i].shape) for i, v in
+                     zip(bucket.param_indices, zeros.split([self.specs[i].numel for i in bucket.param_indices]))]
+            futures.append(self._reduce(b, zeros, views))
+        if self._used is not None:
+            self._launch_used_map()
+            futures.append(self._used_work.get_future())
+            self._used_work = self._used_map = None
+        for f in futures:
+            f.wait()
 
     def _launch_used_map(self) -> None:
         """Allreduce the usage bitmap; only a rank with a locally unused parameter will wait for it."""
@@ -345,80 +314,6 @@ class Reducer:
         self._used_map = host.to(device, non_blocking=True)
         self._local_unused = 0 in used
         self._used_work = dist.all_reduce(self._used_map, group=self.primary_group, async_op=True)
-
-    def _finalize(self) -> None:
-        """Runs once autograd has finished: wait for each bucket, write its averages back to ``.grad``."""
-        self.expect_hooks = False
-        self._started = False
-        timing = self.timing
-        if timing is not None:
-            timing.backward_end = timing.clock.stamp()
-            if timing.backward_start is None:
-                timing.backward_start = timing.backward_end
-        if not self.overlap:
-            self._launch_ready()
-        futures, self._futures = self._futures, []  # their values hold the buckets: not kept past this iteration
-        # The common case: each bucket goes back to .grad as soon as it is reduced, while later buckets are still
-        # in flight. Views, unused-parameter detection and missing .grad go through _write_back at the end.
-        grads = None
-        if not (self.as_view or self._used is not None or self._static_skip):
-            grads = [p.grad for p in self.params]
-            if any(g is None for g in grads):
-                grads = None
-        per_bucket = timing is not None and timing.per_bucket
-        if per_bucket:  # finish stamped here, not by a callback on the comm thread; on the host clock a bucket
-            # already done now reads as done now, not after the write-back of the buckets before it
-            done = [timing.clock.on_host and f.done() for f in futures]
-            timing.comm_end = now = timing.clock.stamp()
-        with torch.no_grad():  # with create_graph=True this runs in grad mode: the copies are not part of it
-            for b, f in enumerate(futures):
-                value = f.wait()
-                if timing is not None and not per_bucket and b == len(futures) - 1:
-                    timing.comm_end = timing.clock.stamp()  # the stream now waits for every reduction
-                if per_bucket:
-                    if done[b]:
-                        timing.bucket_finish[b] = now
-                    else:
-                        timing.bucket_finish[b] = timing.comm_end = timing.clock.stamp()
-                    if timing.bucket_done is not None and timing.bucket_done[b] is None:
-                        # the completion callback runs just after the future is marked done and may not have
-                        # run yet: the wait's own stamp is then the closest bound
-                        timing.bucket_done[b] = timing.bucket_finish[b]
-                if isinstance(value, list):  # a collective's own future: [reduced tensor]
-                    value = value[0]
-                if value is not self.flats[b]:
-                    self.flats[b].copy_(value)
-                if grads is not None:
-                    torch._foreach_copy_([grads[i] for i in self.buckets[b].param_indices], self._bucket_views[b])
-            if grads is None:
-                unused_everywhere = set(self._static_skip)
-                if self._used_work is not None:
-                    self._used_work.wait()
-                    if self._local_unused:  # only then is the bitmap read on the host
-                        unused_everywhere = set((self._used_map == 0).nonzero().flatten().tolist())
-                    self._used_work = self._used_map = None
-                self._write_back(unused_everywhere)
-        self.last_timing = timing
-
-    def _write_back(self, skip: set[int]) -> None:
-        """The rarer cases after all buckets are reduced: ``.grad`` as bucket views, unused-parameter detection
-        (``skip``: unused on every rank), or a parameter without ``.grad`` yet."""
-        if self.as_view:
-            for i, p in enumerate(self.params):
-                if i not in skip and (p.grad is None or p.grad.data_ptr() != self.views[i].data_ptr()):
-                    p.grad = self.views[i]
-            return
-        grads, views = [], []
-        for i, p in enumerate(self.params):
-            if i in skip:
-                continue
-            if p.grad is None:
-                p.grad = self.views[i].clone()
-            else:
-                grads.append(p.grad)
-                views.append(self.views[i])
-        if grads:
-            torch._foreach_copy_(grads, views)
 
     def remove_hooks(self) -> None:
         for h in self._hook_handles:

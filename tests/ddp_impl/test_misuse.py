@@ -49,9 +49,9 @@ def test_different_models_on_different_ranks():
             in str(err.value))
 
 
-def test_join_is_refused_with_the_alternative():
-    (errors,) = launch(workers.join_refused, 1, "gloo", timeout_s=30, deadline_s=60)
-    assert len(errors) == 2 and all("same number of batches" in e for e in errors), errors
+def test_join_on_an_unlearnt_static_graph_is_refused_then_runs():
+    for refused in launch(workers.static_graph_join, 2, "gloo", timeout_s=30, deadline_s=90):
+        assert "needs one synchronized iteration on every rank" in refused
 
 
 def test_a_dropped_ddp_is_freed():

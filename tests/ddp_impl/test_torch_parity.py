@@ -141,3 +141,28 @@ def test_an_output_entry_the_loss_leaves_out_trains_as_torch():
             else:
                 assert np.abs(step0[aux_weight]).sum() > 0 and np.array_equal(step0[aux_weight], step1[aux_weight])
             assert np.array_equal(step0[0], step1[0]), key
+
+
+def run_uneven(ctx):
+    return portable({case[0]: {impl: torch_cases.uneven_inputs(ctx, impl, case[0]) for impl in ("ours", "torch")}
+                     for case in torch_cases.JOIN_CASES})
+
+
+def test_uneven_inputs_train_in_join_as_torch():
+    """join(): ranks with different numbers of batches give torch's gradients at every step and end with torch's
+    model (the last rank to join's, on every rank): averaging over the initial or the training ranks, a rank
+    with no batch at all, rebuilt buckets, unused parameters with no_sync, a comm hook over bucket views."""
+    r0, r1 = launch(run_uneven, 2, "gloo", timeout_s=60, deadline_s=240)
+    for rank, got in enumerate((r0, r1)):
+        for case, by_impl in got.items():
+            (ours, model), (theirs, torch_model) = by_impl["ours"], by_impl["torch"]
+            if case == "unused":  # torch's joined rank sends the usage map it last received, not its own:
+                # a parameter unused by every training rank then gets zeros from torch, where ours leaves .grad
+                # None as outside join (the same SGD step)
+                ours = [[np.zeros_like(t) if o is None and t is not None and not t.any() else o
+                         for o, t in zip(step_o, step_t)] for step_o, step_t in zip(ours, theirs)]
+            assert_same(ours, theirs, f"rank{rank} {case}", tol=1e-6)
+            assert_same(model, torch_model, f"rank{rank} {case} final model", tol=1e-6)
+    for case, by_impl in r0.items():  # everyone leaves with one model, and it trained
+        assert_same(by_impl["ours"][1], r1[case]["ours"][1], f"{case}: final models differ across ranks")
+    assert len(r1["default"]["ours"][0]) == 4 and len(r0["default"]["ours"][0]) == 2

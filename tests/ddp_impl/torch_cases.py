@@ -2,6 +2,7 @@
 what to compare (gradients per step, or the error raised). Spawned ranks import this module."""
 from __future__ import annotations
 
+import contextlib
 import copy
 import dataclasses
 import pickle
@@ -395,3 +396,49 @@ def unused_output_entry(ctx, impl, kinds=OUTPUT_KINDS, configs=UNUSED_OUTPUT_CON
                     loss.backward()
                 out[(kind, k, aux_on)] = _outcome(lambda: _steps(ddp, step_fn, steps=4))
     return out
+
+
+# ---- uneven inputs: join() -----------------------------------------------------------------------------
+class JoinNet(nn.Module):
+    """A buffer (BatchNorm's running stats differ per rank: the broadcast's source shows) and a branch the loss
+    uses only on some steps (find_unused_parameters)."""
+
+    def __init__(self):
+        super().__init__()
+        self.first, self.norm, self.last, self.side = nn.Linear(6, 16), nn.BatchNorm1d(16), nn.Linear(16, 3), \
+            nn.Linear(16, 3)
+
+    def forward(self, x, side=True):
+        h = torch.tanh(self.norm(self.first(x)))
+        return self.last(h) + (self.side(h) if side else 0)
+
+
+# (name, DDP arguments, join arguments, steps of rank r, every other step in no_sync, hook)
+JOIN_CASES = [
+    ("default", dict(), dict(), lambda r: 2 + 2 * r, False, None),
+    ("divide_by_training_ranks", dict(), dict(divide_by_initial_world_size=False), lambda r: 2 + 2 * r, False, None),
+    ("rank0_longest_many_buckets", dict(bucket_cap_mb=0), dict(), lambda r: 5 - 2 * r, False, None),
+    ("a_rank_without_inputs", dict(bucket_cap_mb=0), dict(), lambda r: 3 * r, False, None),
+    ("unused", dict(find_unused_parameters=True), dict(), lambda r: 2 + 3 * r, False, None),
+    ("no_sync", dict(), dict(), lambda r: 2 + 3 * r, True, None),
+    ("bucket_view_fp16_hook", dict(gradient_as_bucket_view=True), dict(), lambda r: 1 + 2 * r, False, "fp16"),
+]
+
+
+def uneven_inputs(ctx, impl, case):
+    """Ranks run different numbers of steps inside ``join()``: gradients of every step, then the final model."""
+    name, kwargs, join_kwargs, steps_of, no_sync, hook = next(c for c in JOIN_CASES if c[0] == case)
+    torch.manual_seed(ctx.rank)  # ranks start different: construction and the final sync must fix that
+    ddp = IMPLS[impl](JoinNet().double(), **kwargs)
+    if hook:
+        ddp.register_comm_hook(None, default_hooks.fp16_compress_hook)
+    optimizer = torch.optim.SGD(ddp.parameters(), lr=0.1)
+    grads, unused_side = [], kwargs.get("find_unused_parameters")
+    with ddp.join(**join_kwargs):
+        for step in range(steps_of(ctx.rank)):
+            optimizer.zero_grad()
+            with ddp.no_sync() if no_sync and step % 2 else contextlib.nullcontext():
+                ddp(_x(ctx.rank, step), side=not unused_side or step % 3 == 0).square().sum().backward()
+            grads.append(_grads(ddp))
+            optimizer.step()
+    return grads, [t.detach().clone() for t in ddp.module.state_dict().values()]

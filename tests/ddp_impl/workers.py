@@ -96,17 +96,20 @@ def mismatched_models(ctx):
     OurDDP(nn.Linear(4, 4) if ctx.rank == 0 else nn.Linear(4, 5))
 
 
-def join_refused(ctx):
-    """join (uneven inputs) is refused, through the method and through torch's Join context manager alike."""
-    from torch.distributed.algorithms.join import Join
-    model = OurDDP(nn.Linear(2, 2))
-    errors = []
-    for attempt in (model.join, lambda: Join([model]).__enter__()):
-        try:
-            attempt()
-        except NotImplementedError as e:
-            errors.append(str(e))
-    return errors
+def static_graph_join(ctx):
+    """join() on a static graph that has not learnt its graph yet is refused on every rank, before any collective
+    of the join; after one iteration it runs."""
+    model = OurDDP(nn.Linear(2, 2), static_graph=True)
+    try:
+        model.join()
+        refused = None
+    except RuntimeError as e:
+        refused = str(e)
+    model(torch.ones(1, 2)).sum().backward()
+    with model.join():
+        for _ in range(1 + ctx.rank):
+            model(torch.ones(1, 2)).sum().backward()
+    return refused
 
 
 def freed_after_use(ctx):

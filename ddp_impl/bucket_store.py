@@ -1,0 +1,72 @@
+"""Where gradients are reduced: one flat tensor per bucket and a view of it per parameter, built from a layout
+and rebuilt once in the gradient order the first iteration showed (the reducer's item 6)."""
+from __future__ import annotations
+
+import torch
+import torch.distributed as dist
+
+from .buckets import Bucket, assign_buckets
+from .process_groups import RoundRobinProcessGroup
+
+# A gradient this large (elements) is copied into its bucket by its own hook, as soon as it is final: its copy
+# costs far more than launching it, and copying it later would delay the bucket's launch. Smaller ones wait for
+# the bucket's fused copy (on CPU, 64 Ki float32 elements take tens of microseconds; a launch takes a few).
+EAGER_COPY_NUMEL = 1 << 16
+
+
+class BucketStore:
+    """The reducer's storage half: ``flats``, ``views`` and the per-bucket lists the hot path indexes."""
+
+    def _build(self, buckets: list[Bucket]) -> None:
+        """Allocate one flat tensor per bucket and a view of it per parameter."""
+        self.buckets = buckets
+        self.flats = [torch.zeros(b.numel, dtype=b.dtype, device=b.device) for b in buckets]
+        self.views: list[torch.Tensor] = [None] * len(self.params)  # type: ignore[list-item]
+        self.bucket_of = [0] * len(self.params)
+        for b, flat in zip(buckets, self.flats):
+            offset = 0
+            for i in b.param_indices:
+                numel = self.specs[i].numel
+                self.views[i] = flat[offset:offset + numel].view(self.params[i].shape)
+                self.bucket_of[i] = b.index
+                offset += numel
+        self.bucket_sizes = [len(b.param_indices) for b in buckets]
+        self._bucket_views = [[self.views[i] for i in b.param_indices] for b in buckets]
+        self._bucket_params = [[self.params[i] for i in b.param_indices] for b in buckets]
+        self._deferred = [[i for i in b.param_indices if self.specs[i].numel < EAGER_COPY_NUMEL] for b in buckets]
+        self._deferred_views = [[self.views[i] for i in d] for d in self._deferred]
+        self._deferred_params = [[self.params[i] for i in d] for d in self._deferred]
+
+    def _group_for(self, bucket_index: int):
+        if isinstance(self.group, RoundRobinProcessGroup):
+            return self.group.group_for(bucket_index)
+        return self.group
+
+    @property
+    def primary_group(self):
+        return self.group.primary if isinstance(self.group, RoundRobinProcessGroup) else self.group
+
+    def rebuild_if_pending(self) -> None:
+        """Called at the start of a synchronized forward (every rank, before any activation exists)."""
+        if self.rebuild_pending and self._order:
+            self._rebuild()
+
+    def _rebuild(self) -> None:
+        """Re-bucket in the gradient-ready order rank 0 observed, so early gradients share early buckets."""
+        self.rebuild_pending = False
+        order = self._order or []
+        self._order = None
+        seen = set(order)
+        order = order + [i for i in reversed(range(len(self.params))) if i not in seen]
+        device = self.params[0].device if self.params[0].device.type == "cuda" else torch.device("cpu")
+        order_t = torch.tensor(order, dtype=torch.int64, device=device)
+        dist.broadcast(order_t, src=dist.get_global_rank(self.primary_group, 0), group=self.primary_group)
+        old_views = self.views
+        if not self.as_view:  # nothing lives in the old buckets between iterations: free them first (like torch)
+            old_views = self.views = self.flats = self._bucket_views = self._deferred_views = None  # type: ignore
+        self._build(assign_buckets(self.specs, self.cap_bytes, self.first_cap_bytes, order_t.tolist()))
+        if self.as_view:  # .grad still points into the old buckets: move it into the new ones
+            for p, old, new in zip(self.params, old_views, self.views):
+                if p.grad is not None and p.grad.data_ptr() == old.data_ptr():
+                    new.copy_(old)
+                    p.grad = new
