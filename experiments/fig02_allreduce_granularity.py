@@ -17,7 +17,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from experiments import common, verdicts
+from experiments import common, plotting, verdicts
 from harness import AllreduceConfig, TrainConfig
 from harness.collectives import BYTES_PER_PARAM, call_samples
 
@@ -79,17 +79,17 @@ def ring_fits(comm) -> dict:
 def plot(df, cfg: Config):
     comm, compute = _split(df, cfg)
     unavailable = common.missing_backends(comm, cfg.backends, max(cfg.world_sizes))
-    backends = common.shown_backends(cfg.backends, unavailable)
-    fig, axes = common.grid([""], backends, width=6.5)  # wide enough for the legend beside the falling curve
+    backends = plotting.shown_backends(cfg.backends, unavailable)
+    fig, axes = plotting.grid([""], backends, width=6.5)  # wide enough for the legend beside the falling curve
     fits = ring_fits(comm)
     for c, backend in enumerate(backends):
         ax = axes[0][c]
         sel = comm[comm["backend"] == backend]
         if sel.empty:
-            common.mark_unavailable(ax, unavailable.get(backend, f"no results for {backend}"))
+            plotting.mark_unavailable(ax, unavailable.get(backend, f"no results for {backend}"))
             continue
-        common.median_lines(ax, sel, "params_per_call", "total_ms", "world_size", label=lambda n: f"{n} ranks")
-        common.repeat_markers(ax, sel, ["world_size", "params_per_call"], "params_per_call")
+        plotting.median_lines(ax, sel, "params_per_call", "total_ms", "world_size", label=lambda n: f"{n} ranks")
+        plotting.repeat_markers(ax, sel, ["world_size", "params_per_call"], "params_per_call")
         if backend in fits:  # the fitted model's total time for the same calls
             model, ks = fits[backend].model, sorted(sel["params_per_call"].unique())
             calls = [math.ceil(cfg.total_params / k) for k in ks]
@@ -114,7 +114,7 @@ def plot(df, cfg: Config):
         ax.set_xlabel("parameters per allreduce call (k)")
         ax.set_ylabel("total time (ms)")
         ax.legend(fontsize=7, loc="upper right")  # the curve falls from the upper left
-    return common.finish(fig, "Figure 2: communication granularity vs backward computation", PAPER["claim"], comm,
+    return plotting.finish(fig, "Figure 2: communication granularity vs backward computation", PAPER["claim"], comm,
                          unavailable=unavailable)
 
 

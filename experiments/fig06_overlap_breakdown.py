@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from experiments import common, paper_scale, verdicts
+from experiments import common, paper_scale, plotting, verdicts
 from harness import TrainConfig
 from simulator.clusters import PAPER_OVERLAP_SPEEDUP
 
@@ -77,8 +77,8 @@ def plot(df, cfg: Config):
     med = _medians(df, cfg)
     gains = speedups(df, cfg)
     unavailable = common.missing_backends(_selected(df, cfg), cfg.backends, cfg.world_size)
-    backends = common.shown_backends(cfg.backends, unavailable)
-    fig, axes = common.grid([""], backends + ["simulated"] * bool(cfg.cluster), width=1.6 + 2.2 * len(cfg.models),
+    backends = plotting.shown_backends(cfg.backends, unavailable)
+    fig, axes = plotting.grid([""], backends + ["simulated"] * bool(cfg.cluster), width=1.6 + 2.2 * len(cfg.models),
                             height=4.2)
     colors = ("#4C72B0", "#55A868", "#C44E52", "#8172B2", "0.7")
     if cfg.cluster:
@@ -88,7 +88,7 @@ def plot(df, cfg: Config):
         ax = axes[0][c]
         bars = [(m, ov) for m in cfg.models for ov in (False, True) if (m, backend, ov) in med.index]
         if backend in unavailable or not bars:
-            common.mark_unavailable(ax, unavailable.get(backend, f"no results for {backend}"))
+            plotting.mark_unavailable(ax, unavailable.get(backend, f"no results for {backend}"))
             continue
         xs = range(len(bars))
         bottom = [0.0] * len(bars)
@@ -110,7 +110,7 @@ def plot(df, cfg: Config):
         ax.set_title(backend, fontsize=10)
         ax.set_ylabel("median latency per iteration (ms)")
         ax.legend(fontsize=6, loc="upper left")
-    return common.finish(fig, f"Figure 6: latency breakdown, overlapping vs non-overlapping, {common.ranks(cfg)}, "
+    return plotting.finish(fig, f"Figure 6: latency breakdown, overlapping vs non-overlapping, {common.ranks(cfg)}, "
                               f"{cfg.bucket_cap_mb:g} MiB buckets", f"{PAPER['setup']}; {PAPER['claim']}",
                          common.ok_rows(df, net=cfg.net, hosts=cfg.hosts), paper_scale.caption(cfg.cluster),
                          unavailable=unavailable)

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from experiments import common, paper_scale, verdicts
+from experiments import common, paper_scale, plotting, verdicts
 from harness import TrainConfig
 
 FIGURE = "fig7"
@@ -63,22 +63,22 @@ def draw(df, cfg: Config, name: str, paper: dict):
     def draw(ax, sel, model, backend):
         per_task = verdicts.task_medians(sel, ["bucket_cap_mb"])
         ranking = verdicts.rank_options(per_task)
-        boxes, lower = common.split_panel(ax)
-        common.latency_boxes(boxes, sel, "bucket_cap_mb", common.fmt_mb)
+        boxes, lower = plotting.split_panel(ax)
+        plotting.latency_boxes(boxes, sel, "bucket_cap_mb", common.fmt_mb)
         grad_mib = sel["num_params"].iloc[0] * 4 / 2**20
         boxes.set_title(f"{model} / {backend} (gradients: {grad_mib:.3g} MiB)", fontsize=10)
         caps = sorted(sel["bucket_cap_mb"].unique())
-        common.ranking_panel(lower, per_task, ranking, caps, common.fmt_mb, " MiB")
+        plotting.ranking_panel(lower, per_task, ranking, caps, common.fmt_mb, " MiB")
         lower.set_xlabel("bucket cap (MiB); 0 = one bucket per parameter")
 
     gpus = paper_scale.GPUS[name]
     simulated = cfg.cluster and (lambda ax, model: paper_scale.draw_caps(ax, cfg.cluster, model, gpus,
                                                                          cfg.bucket_caps_mb))
-    fig = common.model_backend_panels(ok, cfg.models, cfg.backends, unavailable, draw, simulated=simulated,
-                                      height=common.PAIRED_HEIGHT)
-    note = (common.BOXES_NOTE + common.PAIRED_NOTE + ": each cap's latency over the reference cap's. "
-            + common.ranking_note("cap") + paper_scale.caption(cfg.cluster))
-    return common.finish(fig, f"Figure {name[3:]}: per-iteration latency vs bucket size, {common.ranks(cfg)}",
+    fig = plotting.model_backend_panels(ok, cfg.models, cfg.backends, unavailable, draw, simulated=simulated,
+                                      height=plotting.PAIRED_HEIGHT)
+    note = (plotting.BOXES_NOTE + plotting.PAIRED_NOTE + ": each cap's latency over the reference cap's. "
+            + plotting.ranking_note("cap") + paper_scale.caption(cfg.cluster))
+    return plotting.finish(fig, f"Figure {name[3:]}: per-iteration latency vs bucket size, {common.ranks(cfg)}",
                          f"{paper['setup']}; {paper['claim']}", ok, note, unavailable=unavailable)
 
 

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from experiments import common, paper_scale, verdicts
+from experiments import common, paper_scale, plotting, verdicts
 from harness import TrainConfig
 
 FIGURE = "fig9"
@@ -52,9 +52,9 @@ def plot(df, cfg: Config):
     unavailable = common.missing_backends(ok, cfg.backends, max(cfg.world_sizes))
 
     def draw(ax, sel, model, backend):
-        common.median_lines(ax, sel, "world_size", "total_ms", "impl",
+        plotting.median_lines(ax, sel, "world_size", "total_ms", "impl",
                             label=lambda k: "no DDP (local): compute only" if k == "local" else f"DDP ({k})")
-        common.repeat_markers(ax, sel, ["impl", "world_size"], "world_size")
+        plotting.repeat_markers(ax, sel, ["impl", "world_size"], "world_size")
         ddp = sel[sel["impl"] != "local"]
         one = ddp.loc[ddp["world_size"] == ddp["world_size"].min(), "total_ms"]
         if len(one):
@@ -67,9 +67,9 @@ def plot(df, cfg: Config):
 
     simulated = cfg.cluster and (lambda ax, model: paper_scale.draw_scaling(ax, cfg.cluster, model,
                                                                             cfg.bucket_cap_mb))
-    fig = common.model_backend_panels(ok, cfg.models, cfg.backends, unavailable, draw, simulated=simulated)
+    fig = plotting.model_backend_panels(ok, cfg.models, cfg.backends, unavailable, draw, simulated=simulated)
     note = ". On one machine, ranks also share its CPU cores" + paper_scale.caption(cfg.cluster)
-    return common.finish(fig, "Figure 9: latency vs number of ranks (weak scaling)",
+    return plotting.finish(fig, "Figure 9: latency vs number of ranks (weak scaling)",
                          f"{PAPER['setup']}; {PAPER['claim']}", ok, note, unavailable=unavailable)
 
 

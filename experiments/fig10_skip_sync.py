@@ -17,7 +17,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from experiments import common, verdicts
+from experiments import common, plotting, verdicts
 from harness import TrainConfig
 
 FIGURE = "fig10"
@@ -74,7 +74,7 @@ def plot(df, cfg: Config):
         sizes = sorted(int(n) for n in sel["world_size"].unique())
         ns = sorted(int(n) for n in sel["sync_every"].unique())
         width = 0.8 / max(1, len(sizes))
-        upper, lower = common.split_panel(ax)
+        upper, lower = plotting.split_panel(ax)
         upper.set_title(f"{model} / {backend}", fontsize=10)
         for (label, per_repeat), (_, style) in zip(_repeat_values(sel).items(), styles.items()):
             for j, ws in enumerate(sizes):
@@ -96,7 +96,7 @@ def plot(df, cfg: Config):
             per_task = verdicts.task_medians(sel[sel["world_size"] == ws], ["sync_every"], agg="mean")
             per_n = _saving_per_repeat(per_task)
             if per_n:
-                common.paired_panel(lower, per_n, [ns.index(n) - 0.4 + width * (j + 0.5) for n in per_n], 0.0,
+                plotting.paired_panel(lower, per_n, [ns.index(n) - 0.4 + width * (j + 0.5) for n in per_n], 0.0,
                                     color=f"C{j}", label=f"{ws} ranks", dots_label=None)
         lower.set_xticks(range(len(ns)), [str(n) for n in ns])
         lower.set_xlabel("synchronize every n iterations")
@@ -104,11 +104,11 @@ def plot(df, cfg: Config):
         if lower.get_legend_handles_labels()[0]:
             lower.legend(fontsize=6, loc="upper left", bbox_to_anchor=(1.01, 1))
 
-    fig = common.model_backend_panels(ok, cfg.models, cfg.backends, unavailable, draw, width=6.5,
-                                      height=common.PAIRED_HEIGHT)
-    note = (". Above, markers: median over repetitions, bars: its 95% interval" + common.PAIRED_NOTE
+    fig = plotting.model_backend_panels(ok, cfg.models, cfg.backends, unavailable, draw, width=6.5,
+                                      height=plotting.PAIRED_HEIGHT)
+    note = (". Above, markers: median over repetitions, bars: its 95% interval" + plotting.PAIRED_NOTE
             + ": 100 x (1 - n's amortized latency over n = 1's), per world size")
-    return common.finish(fig, "Figure 10: skipping gradient synchronization", f"{PAPER['setup']}; {PAPER['claim']}",
+    return plotting.finish(fig, "Figure 10: skipping gradient synchronization", f"{PAPER['setup']}; {PAPER['claim']}",
                          ok, note, unavailable=unavailable)
 
 

@@ -26,7 +26,7 @@ from dataclasses import dataclass
 import numpy as np
 import pandas as pd
 
-from experiments import common
+from experiments import common, plotting
 from harness import ConvergenceConfig
 
 FIGURE = "fig11"
@@ -100,7 +100,7 @@ def _band(ax, curves, scale: float = 1.0, **style):
 
 def plot(df, cfg: Config):
     ok = _selected(df, cfg)
-    fig, axes = common.grid(["train loss", "test accuracy"], [str(b) for b in cfg.batch_sizes], width=5.0,
+    fig, axes = plotting.grid(["train loss", "test accuracy"], [str(b) for b in cfg.batch_sizes], width=5.0,
                             height=3.4)
     losses, accs = loss_curves(ok, cfg.smooth), accuracy_curves(ok)
     seeds = ok["seed"].nunique() if not ok.empty else 0
@@ -108,8 +108,8 @@ def plot(df, cfg: Config):
     for c, batch in enumerate(cfg.batch_sizes):
         top, bottom = axes[0][c], axes[1][c]
         if not any(b == batch for b, _ in losses):
-            common.mark_unavailable(top, f"no results for batch {batch}")
-            common.mark_unavailable(bottom, f"no results for batch {batch}")
+            plotting.mark_unavailable(top, f"no results for batch {batch}")
+            plotting.mark_unavailable(bottom, f"no results for batch {batch}")
             continue
         for n in cfg.sync_every:
             if (batch, n) in losses:
@@ -130,7 +130,7 @@ def plot(df, cfg: Config):
             ax.set_ylabel(ylabel)
             ax.grid(alpha=0.3, which="both")
             ax.legend(fontsize=8, title="sync every", title_fontsize=8)
-    return common.finish(fig, f"Figure 11: convergence with skipped synchronization ({cfg.dataset}, "
+    return plotting.finish(fig, f"Figure 11: convergence with skipped synchronization ({cfg.dataset}, "
                               f"{cfg.world_size} ranks, SGD lr {cfg.lr:g} momentum {cfg.momentum:g})",
                          PAPER["claim"], ok, f"{over}. Paper setup: {PAPER['setup']}")
 

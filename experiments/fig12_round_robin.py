@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from experiments import common, verdicts
+from experiments import common, plotting, verdicts
 from harness import TrainConfig
 
 FIGURE = "fig12"
@@ -47,13 +47,13 @@ def plot(df, cfg: Config):
     unavailable = common.missing_backends(ok, cfg.backends, cfg.world_size)
 
     def draw(ax, sel, model, backend):
-        boxes, lower = common.split_panel(ax)
-        common.latency_boxes(boxes, sel, "round_robin_groups")
+        boxes, lower = plotting.split_panel(ax)
+        plotting.latency_boxes(boxes, sel, "round_robin_groups")
         boxes.set_title(f"{model} / {backend}", fontsize=10)
         ks = sorted(sel["round_robin_groups"].unique())
         if 1 in ks:  # the summary's speedup over k = 1, as it computes it
             per_task = verdicts.task_medians(sel, ["round_robin_groups"])
-            common.paired_panel(lower, {k: verdicts.paired_ratios(per_task, 1, k) for k in ks})
+            plotting.paired_panel(lower, {k: verdicts.paired_ratios(per_task, 1, k) for k in ks})
             lower.set_ylabel("speedup over\nk = 1, paired")
         else:
             lower.text(0.5, 0.5, "no k = 1 measured: no speedup to draw", ha="center", va="center",
@@ -61,9 +61,9 @@ def plot(df, cfg: Config):
         lower.set_xticks(range(1, len(ks) + 1), [str(k) for k in ks])
         lower.set_xlabel("round-robin process groups (k)")
 
-    fig = common.model_backend_panels(ok, cfg.models, cfg.backends, unavailable, draw, height=common.PAIRED_HEIGHT)
-    note = common.BOXES_NOTE + common.PAIRED_NOTE + ": k = 1's latency over k's (above 1: k groups are faster)"
-    return common.finish(fig, f"Figure 12: round-robin process groups, {common.ranks(cfg)}",
+    fig = plotting.model_backend_panels(ok, cfg.models, cfg.backends, unavailable, draw, height=plotting.PAIRED_HEIGHT)
+    note = plotting.BOXES_NOTE + plotting.PAIRED_NOTE + ": k = 1's latency over k's (above 1: k groups are faster)"
+    return plotting.finish(fig, f"Figure 12: round-robin process groups, {common.ranks(cfg)}",
                          f"{PAPER['setup']}; {PAPER['claim']}", ok, note, unavailable=unavailable)
 
 

@@ -21,7 +21,7 @@ from typing import Callable
 import pandas as pd
 
 import experiments
-from experiments import common, verdicts
+from experiments import common, plotting, verdicts
 from harness import load_results
 from harness.results import REFERENCE, results_root
 
@@ -79,7 +79,7 @@ def draw(driver, cfg=None, root=None, experiment: str | None = None, name: str |
         print(f"[{name}] no stored results yet; run `make {driver.FIGURE}` first")
         return None
     cfg = cfg(df) if callable(cfg) else cfg if cfg is not None else stored_config(driver, root)
-    path = common.save(driver.plot(df, cfg), name, root)
+    path = plotting.save(driver.plot(df, cfg), name, root)
     print(f"[{name}] wrote {path} (and .pdf)")
     if hasattr(driver, "summarize"):
         print(driver.summarize(df, cfg))
@@ -215,7 +215,7 @@ def draw_timeline(root=None) -> Path | None:
     r = rows.iloc[0]
     cfg = timeline.Config(model=r["model"], bucket_cap_mb=float(r["bucket_cap_mb"]), world_size=int(r["world_size"]),
                           backend=r["backend"], profile=r["profile"], net=r["net"])
-    png = common.save(timeline.plot(rows, cfg), timeline.NAME, root)
+    png = plotting.save(timeline.plot(rows, cfg), timeline.NAME, root)
     trace = png.with_name(f"{timeline.NAME}.trace.json")
     trace.write_text(json.dumps(timeline.chrome_trace(rows)))
     print(f"[timeline] wrote {png} (and .pdf) and {trace}")
@@ -229,7 +229,7 @@ def report(driver, root=None) -> str:
     title = (driver.__doc__ or driver.FIGURE).strip().splitlines()[0]
     measured = driver.summarize(df, cfg) if not df.empty and hasattr(driver, "summarize") else "not run yet"
     return (f"## {title}\n\n- Paper ({driver.PAPER['setup']}): {driver.PAPER['claim']}.\n"
-            f"- Here ({common.describe_setup(df) if not df.empty else 'no results'}):\n\n"
+            f"- Here ({plotting.describe_setup(df) if not df.empty else 'no results'}):\n\n"
             + "\n".join(f"      {line}" for line in measured.splitlines()) + "\n")
 
 
@@ -246,7 +246,7 @@ def draw_claims(root=None) -> Path | None:
         print("[claims] no stored results yet; run a figure first (`make fig7`)")
         return None
     units = sorted({c.unit for c in found})
-    fig, axes = common.grid(units, [""], width=8.0, height=0.3 * max(len(found), 4))
+    fig, axes = plotting.grid(units, [""], width=8.0, height=0.3 * max(len(found), 4))
     for ax, unit in zip(axes[:, 0], units):
         rows = [c for c in found if c.unit == unit]
         ys = range(len(rows))
@@ -264,8 +264,8 @@ def draw_claims(root=None) -> Path | None:
     rows = pd.DataFrame([dict(figure=c.figure, what=c.what, paper=c.paper, measured=c.measured.fmt(c.unit, 2))
                          for c in found])
     print(rows.to_string(index=False))
-    common.finish(fig, "Measured here vs the paper", "red diamonds (claims of a shape only have none)",
+    plotting.finish(fig, "Measured here vs the paper", "red diamonds (claims of a shape only have none)",
                   pd.concat(frames, ignore_index=True))
-    path = common.save(fig, "claims", root)
+    path = plotting.save(fig, "claims", root)
     print(f"[claims] wrote {path} (and .pdf)")
     return path

@@ -26,7 +26,7 @@ from dataclasses import dataclass
 
 import pandas as pd
 
-from experiments import common, verdicts
+from experiments import common, plotting, verdicts
 from harness import TrainConfig, parse_dataclass, run_sweep
 from harness.config import point_id, validate
 from harness.errors import ConfigError, command_line
@@ -235,11 +235,11 @@ def plot(out: pd.DataFrame, root=None):
         ax.set(title=f"{model}: median |error| {err.median():.1f} %, worst {err.max():.1f} %",
                xlabel="measured ms / iteration", ylabel="predicted ms / iteration")
         ax.legend(fontsize=7)
-    common.finish(fig, "Simulator: predicted vs measured per-iteration latency (ours, Gloo, emulated links)", "",
+    plotting.finish(fig, "Simulator: predicted vs measured per-iteration latency (ours, Gloo, emulated links)", "",
                   load_results(EXPERIMENT, root),
                   note=". Each dot: one point (cap, overlap, no_sync n or round-robin k), measured right after the "
                        "calibration probe of its model, world size and link")
-    return common.save(fig, EXPERIMENT, root)
+    return plotting.save(fig, EXPERIMENT, root)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -19,7 +19,7 @@ from dataclasses import dataclass
 
 import pandas as pd
 
-from experiments import common
+from experiments import common, plotting
 from harness import TrainConfig, parse_dataclass, run_sweep
 from harness.config import DEFAULT_NET
 from harness.env import is_writer
@@ -79,7 +79,7 @@ def chrome_trace(rows: pd.DataFrame) -> dict:
 
 def plot(rows: pd.DataFrame, cfg: Config):
     buckets = len(json.loads(rows["bucket_times_json"].iloc[0])["launch_ms"])
-    fig, axes = common.grid([str(r) for r in rows["rank"]], [""], width=9.0, height=0.8 + 0.28 * (buckets + 2))
+    fig, axes = plotting.grid([str(r) for r in rows["rank"]], [""], width=9.0, height=0.8 + 0.28 * (buckets + 2))
     for ax, row in zip(axes[:, 0], rows.itertuples()):
         t = json.loads(row.bucket_times_json)
         n = len(t["launch_ms"])
@@ -99,7 +99,7 @@ def plot(rows: pd.DataFrame, cfg: Config):
         ax.legend(fontsize=7, loc="lower right")
     title = (f"Per-bucket timeline of one iteration: {cfg.model}, {cfg.bucket_cap_mb:g} MiB buckets, "
              f"{cfg.world_size} ranks")
-    return common.finish(fig, title, "Section 3.2 (overlap): buckets launch as they fill during backward, in order",
+    return plotting.finish(fig, title, "Section 3.2 (overlap): buckets launch as they fill during backward, in order",
                          rows, ". The iteration with rank 0's median latency")
 
 
@@ -119,7 +119,7 @@ def run(cfg: Config) -> int:
         print(f"[{NAME}] no successful traced point stored; see results/{NAME}/ for the error")
         return 1
     rows = median_iteration(df[df["point_id"] == df["point_id"].iloc[-1]])
-    png = common.save(plot(rows, cfg), NAME)
+    png = plotting.save(plot(rows, cfg), NAME)
     trace = png.with_name(f"{NAME}.trace.json")
     trace.write_text(json.dumps(chrome_trace(rows)))
     print(f"[{NAME}] wrote {png} (and .pdf) and {trace} (open in https://ui.perfetto.dev or chrome://tracing)")

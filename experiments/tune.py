@@ -21,7 +21,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from experiments import common, verdicts
+from experiments import common, plotting, verdicts
 from harness import TrainConfig, parse_dataclass, run_sweep
 from harness.config import validate
 from harness.errors import command_line, refusing
@@ -138,19 +138,19 @@ def plot(out: dict, cfg: Config, root=None):
         lower = axes[1][0]
         ranking = verdicts.rank_options(per)
         measured_caps = sorted(per.index.unique(level=0))
-        common.ranking_panel(lower, per, ranking, measured_caps, lambda c: f"{c:g}", " MiB",
+        plotting.ranking_panel(lower, per, ranking, measured_caps, lambda c: f"{c:g}", " MiB",
                              [max(c, 0.1) for c in measured_caps])
         lower.plot([max(rec, 0.1)], [ranking.ratios[rec].center], "*", ms=12, color="C0", zorder=3)
         lower.xaxis.set_minor_locator(NullLocator())
         lower.set_xlabel("bucket cap (MiB; 0 drawn at 0.1; star = recommended)")
-        note += common.PAIRED_NOTE + ": each measured cap's latency over the reference cap's. " + \
-            common.ranking_note("cap")
+        note += plotting.PAIRED_NOTE + ": each measured cap's latency over the reference cap's. " + \
+            plotting.ranking_note("cap")
     else:
         ax.set_xlabel("bucket cap (MiB; 0 drawn at 0.1)")
     ax.legend(fontsize=8)
-    common.finish(fig, f"Bucket cap tuning: {cfg.model}, {cfg.world_size} ranks, net={cfg.net}", "",
+    plotting.finish(fig, f"Bucket cap tuning: {cfg.model}, {cfg.world_size} ranks, net={cfg.net}", "",
                   load_results(EXPERIMENT, root), note=note)
-    return common.save(fig, EXPERIMENT, root)
+    return plotting.save(fig, EXPERIMENT, root)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -19,7 +19,7 @@ from dataclasses import dataclass
 import numpy as np
 import pandas as pd
 
-from experiments import common, verdicts
+from experiments import common, plotting, verdicts
 from harness import TrainConfig
 from harness.config import auto_profile_backend
 from harness.env import threads_per_rank
@@ -142,12 +142,12 @@ def plot(df, cfg: Config):
     ok = _selected(df, cfg)
     models = [m for m in cfg.models if (ok["model"] == m).any()] or list(cfg.models)
     cols = ["runtime", "memory", "timeline", "traffic"]
-    fig, axes = common.grid(models, cols, width=4.6, height=4.2)  # room for the runtime's paired panel
+    fig, axes = plotting.grid(models, cols, width=4.6, height=4.2)  # room for the runtime's paired panel
     for r, model in enumerate(models):
         sel = ok[ok["model"] == model]
         if sel.empty:
             for ax in axes[r]:
-                common.mark_unavailable(ax, f"no results for {model}")
+                plotting.mark_unavailable(ax, f"no results for {model}")
             continue
         _runtime(axes[r][0], sel, model)
         _memory(axes[r][1], sel, model, cfg)
@@ -161,7 +161,7 @@ def plot(df, cfg: Config):
             "categories at the profiled peak of rank 0 (torch.profiler; harness/memory.py), x = the peak measured "
             "without the profiler, o = ZeRO's model-state formula. Traffic: bytes rank 0's namespace sent per rank "
             "in one iteration; x = theory (ring collectives)")
-    return common.finish(fig, "DDP vs ZeRO / FSDP / DeepSpeed: runtime, memory per rank, traffic",
+    return plotting.finish(fig, "DDP vs ZeRO / FSDP / DeepSpeed: runtime, memory per rank, traffic",
                          f"{PAPER['setup']}; {PAPER['claim']}", ok, note)
 
 
@@ -173,7 +173,7 @@ def _labels(sel: pd.DataFrame) -> list[tuple[str, int]]:
 
 def _runtime(ax, sel: pd.DataFrame, model: str) -> None:
     pairs = _labels(sel)
-    boxes, lower = common.split_panel(ax)
+    boxes, lower = plotting.split_panel(ax)
     data = [sel.loc[(sel["impl"] == i) & (sel["n"] == n), "total_ms"] for i, n in pairs]
     boxes.boxplot(data, flierprops=dict(ms=2))
     boxes.set_title(f"{model}: per-iteration latency", fontsize=10)
@@ -182,7 +182,7 @@ def _runtime(ax, sel: pd.DataFrame, model: str) -> None:
     ratios = _vs_torch(sel)  # the claim's statistic (_verdicts), for every system at every N with torch DDP
     drawn = [(x, pair) for x, pair in enumerate(pairs, start=1) if pair in ratios]
     if drawn:
-        common.paired_panel(lower, {pair: ratios[pair] for _, pair in drawn}, [x for x, _ in drawn])
+        plotting.paired_panel(lower, {pair: ratios[pair] for _, pair in drawn}, [x for x, _ in drawn])
     lower.set_ylabel("latency / torch\nDDP's, paired")
     lower.set_xticks(range(1, len(pairs) + 1), [f"{i}\nN={n}" for i, n in pairs])
     lower.tick_params(axis="x", labelsize=6, rotation=90)

@@ -11,12 +11,11 @@ that is slower than memory and does not burn the compute's cores. ``net`` (a fie
                          without DDP (:mod:`harness.autorate`); cached per model/profile/batch/threads/ranks
 
 How: a :class:`NamespacePool` (the sweep keeps one per network and rank count) runs ``unshare -rn <python> -c
-<_helper>``: a helper in a new user+network namespace brings its ``lo`` up, shapes it with ``tc qdisc add dev
-lo root tbf rate <world_size x R> burst <B> limit <L>`` and keeps a :class:`~harness.launch.RankPool` whose
-ranks inherit the namespace. Requests travel as JSON lines: ``fn`` by
-import name, its arguments as plain values and dataclasses; per-rank results come back as JSON (tuples come back
-as lists). Nothing is pickled and the host's network is never touched: the namespace, its ``lo`` and qdisc
-vanish with the helper.
+<harness.netem_helper.main>``: a helper in a new user+network namespace brings its ``lo`` up, shapes it with ``tc
+qdisc add dev lo root tbf rate <world_size x R> burst <B> limit <L>`` and keeps a
+:class:`~harness.launch.RankPool` whose ranks inherit the namespace. Requests travel as JSON lines
+(:mod:`harness.netem_wire`). Nothing is pickled and the host's network is never touched: the namespace, its
+``lo`` and qdisc vanish with the helper.
 
 Shaping: all ranks share one ``lo`` and every packet crosses lo's egress qdisc once. In a ring allreduce every
 rank sends at the same time, so lo is shaped to ``world_size x R``; each rank then gets R, i.e. allreduce
@@ -40,24 +39,19 @@ to ``loopback`` there and a RATE is refused (see ``harness.config.resolve`` and 
 """
 from __future__ import annotations
 
-import dataclasses
-import importlib
 import json
 import os
-import re
 import select
 import shlex
 import shutil
 import signal
 import subprocess
 import sys
-import time
-import traceback
 from pathlib import Path
 
 from harness.errors import ConfigError
-from harness.launch import LaunchError, RankPool
-from harness.netns import Host
+from harness.launch import LaunchError
+from harness.netem_wire import encode
 
 _SBIN = "/usr/local/sbin:/usr/sbin:/sbin:/usr/local/bin:/usr/bin:/bin"
 
@@ -86,7 +80,7 @@ class NetemUnavailable(ConfigError):
 _available: set[tuple[str, str, str]] = set()
 
 
-def _run(cmd: list[str]) -> subprocess.CompletedProcess:
+def run_tool(cmd: list[str]) -> subprocess.CompletedProcess:
     return subprocess.run(cmd, capture_output=True, text=True, timeout=30)
 
 
@@ -102,7 +96,7 @@ def require() -> None:
     if missing:
         raise NetemUnavailable(f"network emulation needs {', '.join(missing)}, not found. {hint}")
     try:
-        probe = _run([UNSHARE, "-rn", "true"])
+        probe = run_tool([UNSHARE, "-rn", "true"])
     except (OSError, subprocess.SubprocessError) as exc:
         raise NetemUnavailable(f"network emulation needs user+network namespaces, but `{UNSHARE} -rn true` "
                                f"could not run: {exc}. {hint}") from exc
@@ -112,8 +106,8 @@ def require() -> None:
             f"{probe.returncode}): {probe.stderr.strip() or 'no message'}. Containers and hardened kernels often "
             f"refuse them (docker's default seccomp profile, kernel.unprivileged_userns_clone=0, "
             f"user.max_user_namespaces=0). {hint}")
-    setup = f"{shlex.quote(IP)} link set lo up && {shlex.quote(TC)} qdisc add dev lo root {_tbf_args(1000.0)}"
-    probe = _run([UNSHARE, "-rn", "sh", "-c", setup])
+    setup = f"{shlex.quote(IP)} link set lo up && {shlex.quote(TC)} qdisc add dev lo root {tbf_args(1000.0)}"
+    probe = run_tool([UNSHARE, "-rn", "sh", "-c", setup])
     if probe.returncode != 0:
         raise NetemUnavailable(
             f"network emulation needs `ip` and `tc` to shape lo inside a network namespace, but `{setup}` failed "
@@ -122,61 +116,17 @@ def require() -> None:
     _available.add(key)
 
 
-def _tbf_args(lo_rate_mbit: float) -> str:
+def tbf_args(lo_rate_mbit: float) -> str:
     bytes_per_s = lo_rate_mbit * 1e6 / 8
     burst = max(BURST_MIN_BYTES, int(bytes_per_s * BURST_S))
     limit = max(LIMIT_MIN_BYTES, int(bytes_per_s * LIMIT_S))
     return f"tbf rate {max(1, round(lo_rate_mbit * 1000))}kbit burst {burst} limit {limit}"
 
 
-# --------------------------------------------------------------------------- JSON for the helper
-
-def _encode(value):
-    if dataclasses.is_dataclass(value) and not isinstance(value, type):
-        cls = type(value)
-        return {"__dataclass__": f"{cls.__module__}:{cls.__qualname__}",
-                "fields": {f.name: _encode(getattr(value, f.name)) for f in dataclasses.fields(value)}}
-    if isinstance(value, tuple):
-        return {"__tuple__": [_encode(v) for v in value]}
-    if isinstance(value, list):
-        return [_encode(v) for v in value]
-    if isinstance(value, dict):
-        if not all(isinstance(k, str) for k in value):
-            raise TypeError("network emulation passes arguments as JSON: dict keys must be strings")
-        return {k: _encode(v) for k, v in value.items()}
-    if value is None or isinstance(value, (bool, int, float, str)):
-        return value
-    raise TypeError(f"network emulation passes launch arguments as JSON; cannot send {type(value).__name__}")
-
-
-def _import(qualified: str):
-    module, _, name = qualified.partition(":")
-    obj = importlib.import_module(module)
-    for part in name.split("."):
-        obj = getattr(obj, part)
-    return obj
-
-
-def _decode(value):
-    if isinstance(value, list):
-        return [_decode(v) for v in value]
-    if isinstance(value, dict):
-        if "__dataclass__" in value:
-            return _import(value["__dataclass__"])(**{k: _decode(v) for k, v in value["fields"].items()})
-        if "__tuple__" in value:
-            return tuple(_decode(v) for v in value["__tuple__"])
-        return {k: _decode(v) for k, v in value.items()}
-    return value
-
-
-def _plain(value):
-    """json.dump fallback for results: numpy/torch scalars become Python numbers."""
-    if hasattr(value, "item"):
-        return value.item()
-    raise TypeError(f"rank result of type {type(value).__name__} is not JSON-serializable")
-
-
 # --------------------------------------------------------------------------- parent side
+
+HELPER_MAIN = "import sys; from harness.netem_helper import main; sys.exit(main(sys.argv[1]))"
+
 
 class NamespacePool:
     """A :class:`~harness.launch.RankPool` inside one private network namespace whose lo gives every rank
@@ -212,7 +162,7 @@ class NamespacePool:
         read_fd, write_fd = os.pipe()
         sys.stdout.flush()
         try:
-            self._proc = subprocess.Popen([UNSHARE, "-rn", sys.executable, "-c", _HELPER_MAIN, str(write_fd)],
+            self._proc = subprocess.Popen([UNSHARE, "-rn", sys.executable, "-c", HELPER_MAIN, str(write_fd)],
                                           env=env, stdin=subprocess.PIPE, text=True, pass_fds=(write_fd,),
                                           start_new_session=True)  # own process group: killed as a whole
         finally:
@@ -237,14 +187,14 @@ class NamespacePool:
         code = self._proc.poll()
         self.close()
         why = "ran past its deadline" if not ready else f"exited with code {code} without an answer"
-        raise LaunchError(f"the network-emulation helper (`unshare -rn python -c ...harness.netem._helper`) {why}")
+        raise LaunchError(f"the network-emulation helper (`unshare -rn python -c ...harness.netem_helper`) {why}")
 
     def run(self, fn, args=(), deadline_s: float | None = None) -> list:
         """``fn(ctx, *args)`` on every rank behind the emulated link; the results by rank (JSON round trip)."""
         if fn.__module__ == "__main__":
             raise TypeError(f"network emulation imports fn by name; move {fn.__qualname__} out of the __main__ "
                             f"script")
-        request = dict(fn=f"{fn.__module__}:{fn.__qualname__}", args=_encode(list(args)), deadline_s=deadline_s)
+        request = dict(fn=f"{fn.__module__}:{fn.__qualname__}", args=encode(list(args)), deadline_s=deadline_s)
         if self._proc is None:
             self._start()
         answer = self._ask(request, None if deadline_s is None else deadline_s + 60)
@@ -275,119 +225,3 @@ class NamespacePool:
         self._answers.close()
 
 
-# --------------------------------------------------------------------------- helper (inside the namespace)
-
-_HELPER_MAIN = "import sys; from harness.netem import _helper; sys.exit(_helper(sys.argv[1]))"
-
-def _must(cmd: list[str]) -> None:
-    """Run a set-up command inside the namespace; NetemUnavailable with its message if it fails."""
-    done = _run(cmd)
-    if done.returncode != 0:
-        raise NetemUnavailable(f"`{' '.join(cmd)}` failed inside the network namespace (exit code "
-                               f"{done.returncode}): {done.stderr.strip() or 'no message'}")
-
-
-def _shape_loopback(lo_rate_mbit: float) -> None:
-    _must([IP, "link", "set", "lo", "up"])
-    _must([TC, "qdisc", "add", "dev", "lo", "root", *_tbf_args(lo_rate_mbit).split()])
-
-
-HOST_INTERFACE = "eth0"  # an emulated host's one interface, as on a real server
-SWITCH_ADDR = "10.77.255.1"  # the switch (the helper's own namespace): the rendezvous store is reached here
-
-
-def _in_netns(netns: str, cmd: list[str]) -> list[str]:
-    return [NSENTER, f"--net={netns}", *cmd] if netns else cmd
-
-
-def _emulate_hosts(rate_mbit: float, hosts: int, holders: list) -> list[str]:
-    """The paper's servers behind a switch: each host a network namespace of its own (held by a ``sleep``
-    appended to ``holders``), its ``eth0`` (10.77.h.1) a veth whose peer joins the bridge ``br0`` here, shaped
-    on egress with the same ``tbf`` as the one-host case at ``rate_mbit``: the host's NIC. Returns each host's
-    namespace path."""
-    paths: list[str] = []
-    for cmd in ([IP, "link", "set", "lo", "up"], [IP, "link", "add", "br0", "type", "bridge"],
-                [IP, "addr", "add", f"{SWITCH_ADDR}/16", "dev", "br0"], [IP, "link", "set", "br0", "up"]):
-        _must(cmd)
-    own = os.readlink("/proc/self/ns/net")
-    for h in range(hosts):
-        holder = subprocess.Popen([UNSHARE, "-n", "sleep", "infinity"])
-        holders.append(holder)
-        netns = f"/proc/{holder.pid}/ns/net"
-        deadline = time.monotonic() + 10
-        while os.readlink(netns) == own:  # until unshare has made the new namespace
-            if time.monotonic() > deadline or holder.poll() is not None:
-                raise NetemUnavailable(f"`{UNSHARE} -n sleep infinity` made no network namespace for host {h}")
-            time.sleep(0.01)
-        paths.append(netns)
-        for cmd in ([IP, "link", "add", f"vh{h}", "type", "veth", "peer", "name", HOST_INTERFACE],
-                    [IP, "link", "set", HOST_INTERFACE, "netns", str(holder.pid)],
-                    [IP, "link", "set", f"vh{h}", "master", "br0"], [IP, "link", "set", f"vh{h}", "up"],
-                    *(_in_netns(netns, c) for c in (
-                        [IP, "link", "set", "lo", "up"], [IP, "link", "set", HOST_INTERFACE, "up"],
-                        [IP, "addr", "add", f"10.77.{h}.1/16", "dev", HOST_INTERFACE],
-                        [TC, "qdisc", "add", "dev", HOST_INTERFACE, "root", *_tbf_args(rate_mbit).split()]))):
-            _must(cmd)
-    return paths
-
-
-def _dropped(hosts_netns: list[str]) -> int:
-    shows = [_in_netns(n, [TC, "-s", "qdisc", "show", "dev", HOST_INTERFACE]) for n in hosts_netns] or \
-        [[TC, "-s", "qdisc", "show", "dev", "lo"]]
-    return sum(int(n) for cmd in shows for n in re.findall(r"dropped (\d+)", _run(cmd).stdout))
-
-
-def _helper(answer_fd: str) -> int:
-    answers = os.fdopen(int(answer_fd), "w")
-
-    def answer(**out) -> None:
-        answers.write(json.dumps(out, default=_plain) + "\n")
-        answers.flush()
-
-    setup = json.loads(sys.stdin.readline())
-    sys.path[:0] = [p for p in setup["sys_path"] if p not in sys.path]
-    os.chdir(setup["cwd"])
-    holders: list[subprocess.Popen] = []  # the emulated hosts' namespaces live as long as these
-    try:
-        try:
-            if setup["hosts"] == 1:
-                _shape_loopback(setup["rate_mbit"] * setup["world_size"])
-                hosts_netns = []
-            else:
-                hosts_netns = _emulate_hosts(setup["rate_mbit"], setup["hosts"], holders)
-        except (NetemUnavailable, OSError, subprocess.SubprocessError) as exc:
-            answer(status="setup_error", message=str(exc))
-            return 2
-        return _serve(setup, answer, hosts_netns)
-    finally:
-        for holder in holders:
-            holder.kill()
-            holder.wait()
-
-
-def _serve(setup: dict, answer, hosts_netns: list[str]) -> int:
-    """The helper's loop: run each request on the pool's ranks until the parent closes our stdin."""
-    world_size = setup["world_size"]
-    hosts = [Host(hosts_netns[r * len(hosts_netns) // world_size], HOST_INTERFACE) for r in range(world_size)] \
-        if hosts_netns else []  # contiguous ranks per host, as torchrun places them
-    os.environ["GLOO_SOCKET_IFNAME"] = "lo"  # the only interface here; skips Gloo's hostname lookup
-    if os.environ.pop("_DDP_NETEM_UNSET_LOG_LEVEL", None):  # torch is imported: the ranks log as usual
-        os.environ.pop("TORCH_CPP_LOG_LEVEL", None)
-    answer(status="ready")
-    dropped = 0
-    with RankPool(world_size, setup["backend"], timeout_s=setup["timeout_s"], threads=setup["threads"],
-                  rank_setup=[host.enter for host in hosts], store_host=SWITCH_ADDR if hosts else "127.0.0.1") as pool:
-        for line in sys.stdin:  # one request per line until the parent closes our stdin
-            req = json.loads(line)
-            try:
-                results = pool.run(_import(req["fn"]), _decode(req["args"]), req["deadline_s"])
-            except LaunchError as exc:
-                answer(status="launch_error", message=str(exc), crashed=list(exc.crashed))
-                continue
-            except Exception:  # noqa: BLE001 - reported to the parent as text
-                answer(status="error", message=traceback.format_exc())
-                continue
-            total = _dropped(hosts_netns)
-            answer(status="ok", results=results, dropped=total - dropped)
-            dropped = total
-    return 0

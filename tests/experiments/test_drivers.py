@@ -9,7 +9,7 @@ from PIL import Image
 import matplotlib.pyplot as plt
 import numpy as np
 
-from experiments import common, tune, verdicts
+from experiments import plotting, tune, verdicts
 from experiments import fig07_bucket_size as fig7
 from experiments.__main__ import main
 from experiments.registry import drivers, stored_config
@@ -59,7 +59,7 @@ def test_driver_end_to_end(name, results_dir, monkeypatch):
         assert im.size[0] > 400 and len(im.convert("L").getcolors(maxcolors=1 << 16) or []) > 20  # drawn, not blank
     if name in RANKS_OPTIONS:  # beside the latencies, the paired statistic its verdicts read
         fig = driver.plot(df, stored_config(driver, results_dir))
-        assert any(common.drawn_paired(ax) for ax in fig.axes), name
+        assert any(plotting.drawn_paired(ax) for ax in fig.axes), name
         plt.close(fig)
 
 
@@ -136,7 +136,7 @@ def _paired_panels(fig) -> dict:
     """The title of each panel over a paired panel -> (what that panel drew, its x tick labels)."""
     out = {}
     for lower in fig.axes:
-        drawn = common.drawn_paired(lower)
+        drawn = plotting.drawn_paired(lower)
         if drawn:
             [upper] = [ax for ax in fig.axes if ax is not lower and ax.get_title()
                        and lower.get_shared_x_axes().joined(lower, ax)]
@@ -150,7 +150,7 @@ def _agrees(drawn: dict, ranking: verdicts.Ranking, labels: list, options: list)
     for option in options:
         assert np.allclose(drawn[str(option)], ranking.ratios[option][:3]), option  # center, lo, hi: the verdict's
     marks = dict(zip(options, (label.split("\n")[1] for label in labels)))
-    assert marks == common.verdict_marks(ranking)
+    assert marks == plotting.verdict_marks(ranking)
     if "best" in marks.values():
         assert all(center >= 1 for center, _, _ in drawn.values()), "an option drawn faster than the one called best"
     return marks
@@ -184,11 +184,11 @@ def test_tune_draws_the_paired_ratios_its_report_reads(tmp_path, monkeypatch):
     out = dict(recommended_mb=5.0, predicted={c: 100.0 + c / 10 for c in grid}, measured=per_task,
                band={c: (90.0, 110.0 + c / 10) for c in grid}, regret={c: 1.0 for c in grid})
     figures = []
-    monkeypatch.setattr(common, "save", lambda fig, name, root=None: figures.append(fig) or tmp_path / "tune.png")
+    monkeypatch.setattr(plotting, "save", lambda fig, name, root=None: figures.append(fig) or tmp_path / "tune.png")
     tune.plot(out, tune.Config(), tmp_path)
-    [lower] = [ax for ax in figures[0].axes if common.drawn_paired(ax)]
+    [lower] = [ax for ax in figures[0].axes if plotting.drawn_paired(ax)]
     ranking = verdicts.rank_options(per_task)
-    marks = _agrees(common.drawn_paired(lower), ranking, [t.get_text() for t in lower.get_xticklabels()], list(grid))
+    marks = _agrees(plotting.drawn_paired(lower), ranking, [t.get_text() for t in lower.get_xticklabels()], list(grid))
     assert marks[25] == "best" and marks[5] == "tied"
     assert f"measured recommended 5 MiB: {verdicts.spread(verdicts.per_repeat(per_task).xs(5)).fmt()}, " \
            f"{ranking.ratios[5].fmt('x', 3)} of the best measured (25 MiB)" in tune.report(out)

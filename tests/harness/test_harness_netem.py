@@ -12,8 +12,8 @@ import pytest
 import torch
 import torch.distributed as dist
 
-from harness import (AllreduceConfig, LaunchError, TrainConfig, autorate, config, env, netem, run_point, run_sweep,
-                     validate)
+from harness import (AllreduceConfig, LaunchError, TrainConfig, autorate, config, env, netem, netem_wire, run_point,
+                     run_sweep, validate)
 from harness.collectives import bus_factor
 from harness.env import available_cores
 from harness.preflight import preflight
@@ -228,10 +228,10 @@ def test_refused_namespaces_stop_with_a_clear_message(monkeypatch, tmp_path, too
 
 def test_launch_arguments_travel_as_json():
     cfg = TrainConfig(model="resnet50", net="1gbit")
-    encoded = netem._encode([cfg, (1, "a"), {"k": [1.5, None]}])
-    assert netem._decode(encoded) == [cfg, (1, "a"), {"k": [1.5, None]}]
+    encoded = netem_wire.encode([cfg, (1, "a"), {"k": [1.5, None]}])
+    assert netem_wire.decode(encoded) == [cfg, (1, "a"), {"k": [1.5, None]}]
     with pytest.raises(TypeError, match="JSON"):
-        netem._encode([object()])
+        netem_wire.encode([object()])
 
 
 def test_drivers_never_mix_rows_of_different_networks(monkeypatch):
