@@ -39,6 +39,7 @@ from harness.results import git_commit, results_root, write_csv_atomic
 from harness.runner import machine_metadata, round_order, timed_iteration
 from harness.systems import wrap
 from harness.stats import bootstrap_median_ci, pooled_geomean_ci, ratio_of_medians_ci
+from harness.timing import ms, stamp
 
 MIB = 1024 * 1024
 ORDER = ("torch", "ours", "ours_notiming", "torch_b", "local", "allreduce")
@@ -103,13 +104,11 @@ def _iteration(name, model, opt, inputs, ctx: RankContext) -> dict:
 
 def _allreduce_all(buffers, ctx: RankContext) -> dict:
     dist.barrier(group=ctx.group)
-    ctx.synchronize()
-    c0, t0 = time.process_time(), time.perf_counter()
+    t0, c0 = stamp(ctx), time.process_time()
     works = [dist.all_reduce(b, group=ctx.group, async_op=True) for b in buffers]
     for w in works:
         w.wait()
-    ctx.synchronize()
-    return dict(total_ms=(time.perf_counter() - t0) * 1e3, cpu_ms=(time.process_time() - c0) * 1e3)
+    return dict(total_ms=ms(t0, stamp(ctx)), cpu_ms=(time.process_time() - c0) * 1e3)
 
 
 def latency_job(ctx: RankContext, name: str, cap_mb: float, cfg: BenchConfig) -> dict:

@@ -8,14 +8,12 @@ DDP, and cached per (model, profile, batch, threads, ranks) for the sweep proces
 from __future__ import annotations
 
 import math
-import time
-
-import torch
 
 from harness.env import ranks_on_this_node, threads_per_rank
 from harness.launch import launch
 from harness.models import compute_loss, input_spec, make_inputs, seeded_model
 from harness.rate import parse_rate
+from harness.timing import ms, stamp
 
 AUTO_MODEL = "resnet50"  # auto's reference model for points without a model (allreduce microbenchmark)
 AUTO_WARMUP, AUTO_ITERS = 1, 3  # backward passes timed by auto: median of AUTO_ITERS after AUTO_WARMUP
@@ -30,11 +28,9 @@ def _time_backward(ctx, model_name: str, profile: str, batch_size: int) -> dict:
     times = []
     for it in range(AUTO_WARMUP + AUTO_ITERS):
         loss = compute_loss(model_name, model, inputs)
-        ctx.synchronize()
-        t0 = time.perf_counter()
+        t0 = stamp(ctx)
         loss.backward()
-        ctx.synchronize()
-        times.append((time.perf_counter() - t0) * 1e3)
+        times.append(ms(t0, stamp(ctx)))
         model.zero_grad(set_to_none=True)
     grad_bytes = sum(p.numel() * p.element_size() for p in model.parameters() if p.requires_grad)
     return {"times_ms": times[AUTO_WARMUP:], "grad_bytes": grad_bytes}

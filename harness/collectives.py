@@ -9,7 +9,6 @@ both in GB/s (1e9 bytes/s). The buffer holds zeros so values never overflow, how
 """
 from __future__ import annotations
 
-import time
 
 import torch
 import torch.distributed as dist
@@ -18,6 +17,7 @@ from harness.config import AllreduceConfig
 from harness.faults import inject_fault
 from harness.launch import RankContext
 from harness.runner import rank_metadata
+from harness.timing import ms, stamp
 
 BYTES_PER_PARAM = 4  # float32
 
@@ -37,18 +37,16 @@ def run_allreduce_point(ctx: RankContext, cfg: AllreduceConfig) -> list[dict]:
     rows = []
     for it in range(cfg.warmup + cfg.iters):
         dist.barrier(group=ctx.group)
-        ctx.synchronize()
-        t0 = time.perf_counter()
+        t0 = stamp(ctx)
         for chunk in chunks:
             dist.all_reduce(chunk, group=ctx.group)
-        ctx.synchronize()
-        seconds = time.perf_counter() - t0
+        total_ms = ms(t0, stamp(ctx))
         if it < cfg.warmup:
             continue
-        algbw = total_bytes / seconds / 1e9
+        algbw = total_bytes / (total_ms / 1e3) / 1e9
         rows.append(dict(
             meta, iteration=it - cfg.warmup, num_calls=len(chunks), total_bytes=total_bytes,
-            total_ms=seconds * 1e3, call_ms=seconds * 1e3 / len(chunks),
+            total_ms=total_ms, call_ms=total_ms / len(chunks),
             algbw_gbps=algbw, busbw_gbps=algbw * bus_factor(ctx.world_size),
         ))
     return rows

@@ -31,7 +31,6 @@ import os
 import random
 import resource
 import socket
-import time
 from pathlib import Path
 from typing import Sequence
 
@@ -44,6 +43,7 @@ from harness.faults import inject_fault
 from harness.launch import RankContext
 from harness.models import compute_loss, input_spec, make_inputs, seeded_model
 from harness.systems import DDP_IMPLS, ZERO_IMPLS, Trainer, build, state_tensors
+from harness.timing import ms, stamp
 
 NS_PER_MS = 1e6
 
@@ -66,29 +66,25 @@ def build_trainer(model: torch.nn.Module, cfg: TrainConfig, ctx: RankContext) ->
 def timed_iteration(model_name: str, model, optimizer, inputs, ctx: RankContext, *, no_sync: bool = False,
                     step: bool = True, backward=torch.Tensor.backward) -> tuple[dict, torch.Tensor]:
     """One training iteration timed by phase: forward (incl. loss), backward, optimizer (step + zero_grad),
-    each boundary after ``ctx.synchronize()``. ``no_sync``: forward and backward inside ``model.no_sync()``;
+    each boundary a :func:`harness.timing.stamp`. ``no_sync``: forward and backward inside ``model.no_sync()``;
     ``step=False``: no optimizer step (gradient accumulation); ``backward(loss)`` runs backward (DeepSpeed's
     engine has its own). Returns the times (ms) with the rank's CPU time
     over all its threads (compute + communication; unlike wall time it barely moves when other processes
     share the cores), its kernel part and the minor page faults, and the loss."""
-    ctx.synchronize()
     r0 = resource.getrusage(resource.RUSAGE_SELF)
-    t0 = time.perf_counter()
+    t0 = stamp(ctx)
     with model.no_sync() if no_sync else contextlib.nullcontext():
         loss = compute_loss(model_name, model, inputs)
-        ctx.synchronize()
-        t1 = time.perf_counter()
+        t1 = stamp(ctx)
         backward(loss)
-        ctx.synchronize()
-        t2 = time.perf_counter()
+        t2 = stamp(ctx)
     if step:
         optimizer.step()
         optimizer.zero_grad(set_to_none=False)
-    ctx.synchronize()
-    t3 = time.perf_counter()
+    t3 = stamp(ctx)
     r1 = resource.getrusage(resource.RUSAGE_SELF)
-    return dict(forward_ms=(t1 - t0) * 1e3, backward_ms=(t2 - t1) * 1e3, optimizer_ms=(t3 - t2) * 1e3,
-                total_ms=(t3 - t0) * 1e3, cpu_ms=(r1.ru_utime + r1.ru_stime - r0.ru_utime - r0.ru_stime) * 1e3,
+    return dict(forward_ms=ms(t0, t1), backward_ms=ms(t1, t2), optimizer_ms=ms(t2, t3),
+                total_ms=ms(t0, t3), cpu_ms=(r1.ru_utime + r1.ru_stime - r0.ru_utime - r0.ru_stime) * 1e3,
                 sys_ms=(r1.ru_stime - r0.ru_stime) * 1e3, minor_faults=r1.ru_minflt - r0.ru_minflt), loss
 
 
