@@ -14,7 +14,7 @@ training):
   iteration);
 * communication: the allreduce microbenchmark of ``make fig2`` (:func:`harness.collectives.run_allreduce_point`),
   one call per iteration of 4 KiB up to the gradient's size (at most 128 MiB) on the point's link, fitted to the
-  ring alpha-beta model (:func:`fit_link`) for the cost per byte; where ``make fig2`` has stored calls on this very
+  ring alpha-beta model (:func:`simulator.comm.fit_link`) for the cost per byte; where ``make fig2`` has stored calls on this very
   link (same backend, ranks, host, torch and link rate, :func:`stored_link`), those are fitted instead and the
   probe skips its own;
 * latency: backward passes that launch one allreduce per gradient, of its size, as it becomes ready (DDP's
@@ -33,26 +33,18 @@ from __future__ import annotations
 
 import datetime
 import json
-import math
-import statistics
-import time
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 
-import numpy as np
-import torch
-import torch.distributed as dist
-
-from ddp_impl.reducer import hook_accumulators
-from harness import AllreduceConfig, TrainConfig, autorate, run_point
-from harness.collectives import call_samples, run_allreduce_point
+from harness import TrainConfig, autorate, run_point
+from harness.collectives import call_samples
 from harness.config import config_columns, validate
-from harness.models import compute_loss, input_spec, make_inputs, seeded_model
 from harness.results import git_commit, load_results
-from harness.runner import build_trainer, machine_metadata, timed_iteration
+from harness.runner import machine_metadata
 
-from .comm import AlphaBeta, Fit, concurrent_calls, fit_ring
+from .comm import AlphaBeta, concurrent_calls, fit_link
 from .iteration import ComputeProfile, buckets_for, simulate
+from .probe import compute_rank, median, probe_rank
 
 VERSION = 10  # 10: contention from the slowest rank of each pair (8 took the ranks' median; 9 was reverted);
 #               8: compute timed right after DDP iterations;
@@ -61,16 +53,7 @@ VERSION = 10  # 10: contention from the slowest rank of each pair (8 took the ra
 #               4: alpha from a stream of calls;
 #               3: comm_contention; 2: probe sizes up to the gradient's (1 stopped at 32 MiB, and an emulated
 #               link's burst made its fitted rate ~25% fast for DDP's buckets)
-MIB = 1024 * 1024
-PROBE_SIZES = (4 * 1024, 64 * 1024, MIB, 8 * MIB, 32 * MIB, 128 * MIB)  # bytes per allreduce call, up to ...
-LATENCY_ITERS = 3  # backward passes with one allreduce per gradient (after one that warms them up)
-CONTENTION_PAIRS = 3  # (backward alone, backward under an allreduce) pairs
-PROBE_CALLS = 3  # timed calls per size, after one warm-up call (2 for calls of 32 MiB and more)
-MAX_COVER_BYTES = 512 * 1024 * 1024  # the contention probe's allreduce never allocates more
-STORED_LINK_LARGEST = 64 * MIB  # stored calls stand in for the probe's if their largest is min(gradient, this): an
-#                                 emulated link's burst passes small calls fast, so the rate must come from large ones
-STORED_LINK_RATE_TOLERANCE = 0.01  # ... and they ran on a link rate within 1% of the point's
-DDP_PHASES = ("forward_ms", "backward_ms", "optimizer_ms", "total_ms")
+STORED_LINK_RATE_TOLERANCE = 0.01  # make fig2's calls stand in for the probe's on a link rate within 1% of the point's
 
 
 @dataclass(frozen=True)
@@ -85,9 +68,9 @@ class Calibration:
     fit: dict  # the alpha-beta fit's quality: r2, median/worst % error, samples
     meta: dict  # version, time, machine, git commit: what a prediction says it used
     # for the record, not used by predictions (slowest rank's medians): DDP's own phases beside the probe, and
-    # compute alone before any DDP iteration
+    # compute alone before any DDP iteration (stored as "rest" by earlier code, which load() still reads)
     ddp: dict = field(default_factory=dict)
-    rest: dict = field(default_factory=dict)
+    compute_before_ddp: dict = field(default_factory=dict)
 
     def save(self, path: str | Path) -> Path:
         path = Path(path)
@@ -103,30 +86,9 @@ class Calibration:
         if raw.get("meta", {}).get("version") != VERSION:
             raise ValueError(f"{path}: calibration version {raw.get('meta', {}).get('version')!r}, this code reads "
                              f"version {VERSION}; probe again")
+        if "rest" in raw:
+            raw["compute_before_ddp"] = raw.pop("rest")
         return cls(**{**raw, "profile": ComputeProfile(**raw["profile"]), "comm": AlphaBeta(**raw["comm"])})
-
-
-def fit_link(samples, alpha_ms: float | None = None) -> Fit:
-    """The ring model as DDP's buckets see the link: beta from a plain least-squares fit, which the large calls
-    (the buckets that carry most bytes) decide; alpha as given (the probe's stream of calls) or else from the
-    calls of at most 1 MiB. A fit of relative errors let an emulated link's burst (small calls pass at loopback
-    speed) make the per-byte cost ~25% low for DDP's 25-100 MiB buckets. Quality is of the returned model."""
-    beta = fit_ring(samples, relative=False).model.beta_ms_per_byte
-    p = samples[0][0]
-    if alpha_ms is None:
-        small = [n for _, n, _ in samples if n <= MIB] or [min(n for _, n, _ in samples)]
-        alpha_ms = _median((ms - 2 * (p - 1) / p * n * beta) / (2 * (p - 1))
-                           for _, n, ms in samples if n <= max(small))
-    model = AlphaBeta(max(0.0, alpha_ms), beta)
-    y = np.array([ms for _, _, ms in samples])
-    pred = np.array([model.allreduce_ms(n, p) for p, n, _ in samples])
-    err = np.abs(pred - y) / y * 100
-    r2 = 1 - float(((y - pred) ** 2).sum()) / float(((y - y.mean()) ** 2).sum())
-    return Fit(model, r2, float(np.median(err)), float(err.max()), len(samples))
-
-
-def _median(values) -> float:
-    return float(statistics.median(values))
 
 
 @dataclass(frozen=True)
@@ -163,137 +125,6 @@ def stored_link(cfg: TrainConfig, root=None) -> StoredLink | None:
                                      f"{ok['started_at'].min()} to {ok['started_at'].max()})")
 
 
-def probe_rank(ctx, cfg: TrainConfig, full: bool = True, link: tuple = ()) -> list[dict]:
-    """One rank's probe (a ``run_point`` fn): compute, then the link (the given ``link`` samples instead, from
-    :func:`stored_link`, where its calls reach the sizes the probe's would), then calls inside backward, then
-    compute under communication; with ``full=False`` (:func:`compute_rank`) only the compute after DDP's
-    iterations."""
-    model = seeded_model(cfg.model, cfg.seed).to(ctx.device)
-    inputs = make_inputs(cfg.model, input_spec(cfg.model, cfg.profile, cfg.batch_size), ctx.device,
-                         seed=cfg.seed * 1000 + ctx.rank)
-    params = [p for p in model.parameters() if p.requires_grad]
-    stamps = [math.nan] * len(params)
-    buffers = [torch.zeros_like(p) for p in params]  # what the latency probe reduces, one per gradient
-    stream: dict = {}  # during a latency-probe backward: its calls and their completion times
-
-    def on_ready(i: int) -> None:
-        stamps[i] = time.perf_counter()
-        if stream:  # DDP's calls at cap 0: one allreduce of each gradient's size, launched as it becomes ready
-            work = dist.all_reduce(buffers[i], group=ctx.group, async_op=True)
-            done = stream["done"]
-            work.get_future().add_done_callback(lambda _f: done.append(time.perf_counter()))
-            stream["calls"].append(work)
-
-    accumulators, _ = hook_accumulators(params, lambda i: lambda *_: on_ready(i))  # DDP's own signal; held here
-    optimizer = torch.optim.SGD(params, lr=cfg.lr)
-    trainer = None  # DDP at the point's settings on a second replica: compute is timed right after its iterations
-    if ctx.world_size > 1:
-        trainer = build_trainer(seeded_model(cfg.model, cfg.seed).to(ctx.device), cfg, ctx)
-    ddp_runs: list[dict] = []
-
-    def after_ddp(cover: torch.Tensor | None = None) -> dict:
-        """A compute-only iteration right after one of DDP at the point's settings (whose phases are kept)."""
-        if trainer is not None:
-            ddp_runs.append(timed_iteration(cfg.model, trainer.model, trainer.optimizer, inputs, ctx)[0])
-        return iteration(cover)
-
-    def iteration(cover: torch.Tensor | None = None, calls: bool = False) -> dict:
-        dist.barrier(group=ctx.group)
-        t0 = time.perf_counter()
-        loss = compute_loss(cfg.model, model, inputs)
-        ctx.synchronize()
-        t1 = time.perf_counter()
-        works = [] if cover is None else [dist.all_reduce(cover, group=ctx.group, async_op=True)]
-        if calls:
-            stream.update(calls=works, done=[])
-        loss.backward()
-        ctx.synchronize()
-        t2 = time.perf_counter()
-        done = stream.pop("done", [])
-        stream.clear()
-        for work in works:
-            work.wait()
-        covered = time.perf_counter()
-        optimizer.step()
-        optimizer.zero_grad(set_to_none=False)
-        ctx.synchronize()
-        t3 = time.perf_counter()
-        return dict(forward=(t1 - t0) * 1e3, backward=(t2 - t1) * 1e3, optimizer=(t3 - covered) * 1e3,
-                    ready=[(s - t1) * 1e3 for s in stamps], covered=(covered - t1) * 1e3,
-                    calls_done=(max(done, default=t1) - t1) * 1e3)
-
-    rest = [iteration() for _ in range(cfg.warmup + cfg.iters)][cfg.warmup:] if full else []  # before any DDP
-    runs = [after_ddp() for _ in range(cfg.warmup + cfg.iters)][cfg.warmup:]  # compute alone, after DDP
-    samples, calls_done, contention_pairs, comm_contention = [], math.nan, [], 0.0
-    stored = False  # whether the link's samples are make fig2's (given as ``link``) rather than measured here
-    if full:  # a refresh (compute_rank) re-times only the compute above
-        grad_bytes = sum(p.numel() * p.element_size() for p in params)
-        stored = max((n for _, n, _ in link), default=0) >= min(grad_bytes, STORED_LINK_LARGEST)
-        samples = list(link) if stored else []
-        # measured here: sizes up to the largest bucket DDP could send
-        sizes = [] if stored else ([n for n in PROBE_SIZES if n < 2 * grad_bytes] or PROBE_SIZES[:2])
-        for nbytes in sizes:  # fig2's microbenchmark, one call of nbytes per iteration, after one warm-up call
-            n = nbytes // 4
-            calls = AllreduceConfig(backend=ctx.backend, world_size=ctx.world_size, total_params=n,
-                                    params_per_call=n, iters=PROBE_CALLS if nbytes < 32 * MIB else 2, warmup=1)
-            samples += [(ctx.world_size, r["total_bytes"], r["call_ms"]) for r in run_allreduce_point(ctx, calls)]
-        comm = fit_link(samples).model if ctx.world_size > 1 else AlphaBeta(0.0, 0.0)
-
-        if ctx.world_size > 1:
-            # What a call costs where DDP pays it: inside backward, one per gradient as it becomes ready, carrying
-            # the gradient's bytes, while the ranks' compute threads hold the cores. Small calls alone (between
-            # barriers, back to back, or inside backward) cost per call a factor 2-5 apart between rank counts and
-            # runs on 2 cores, and several times what a call costs DDP while bytes flow. The first one warms up.
-            streams = [iteration(calls=True) for _ in range(1 + LATENCY_ITERS)][1:]
-            calls_done = _median(r["calls_done"] for r in streams)
-            # Contention: backward alone and under one allreduce 1.5x as long, in pairs, so that drift between the
-            # probe's phases (this host's speed moves within minutes) cancels.
-            steps = 2 * (ctx.world_size - 1)
-            per_byte = steps / ctx.world_size * comm.beta_ms_per_byte
-            want = (1.5 * _median(r["backward"] for r in runs) - steps * comm.alpha_ms) / max(per_byte, 1e-12)
-            size = torch.tensor([min(MAX_COVER_BYTES, max(32 * MIB, want))], dtype=torch.float64)
-            dist.all_reduce(size, op=dist.ReduceOp.MAX, group=ctx.group)
-            cover = torch.zeros(int(size.item()) // 4, dtype=torch.float32, device=ctx.device)
-            pairs = [(after_ddp(), iteration(cover)) for _ in range(CONTENTION_PAIRS)]
-            contention_pairs = [(alone["backward"], under["backward"]) for alone, under in pairs]
-            # The allreduce ran over the whole backward; the time it took beyond its cost alone is what its bytes
-            # lost while compute ran: a share x of the backward means they moved at rate 1 - x there.
-            alone_ms = comm.allreduce_ms(cover.numel() * 4, ctx.world_size)
-            lost = min(max(_median((r["covered"] - alone_ms) / r["backward"] for _, r in pairs), 0.0), 0.9)
-            comm_contention = lost / (1 - lost)
-            # The compute-only halves join the first iterations: a host's speed moves within minutes, and one slow
-            # spell at the probe's start would otherwise set the compute of every prediction (most visibly where
-            # no_sync leaves little else).
-            runs += [alone for alone, _ in pairs]
-    forward, backward, opt = (_median(r[k] for r in runs) for k in ("forward", "backward", "optimizer"))
-    ready = [_median(r["ready"][i] for r in runs) for i in range(len(params))]
-
-    grads = torch.cat([p.detach().reshape(-1) for p in params])
-    copy = torch.empty_like(grads)
-    copy_ms = []
-    for _ in range(4):
-        ctx.synchronize()
-        t0 = time.perf_counter()
-        copy.copy_(grads)
-        ctx.synchronize()
-        copy_ms.append((time.perf_counter() - t0) * 1e3)
-    return [dict(rank=ctx.rank, backend=ctx.backend, forward_ms=forward, backward_ms=backward, optimizer_ms=opt,
-                 ready_ms=ready, param_bytes=[p.numel() * p.element_size() for p in params],
-                 contention_pairs=contention_pairs, comm_contention=comm_contention, calls_done_ms=calls_done,
-                 comm_samples=samples, link="stored" if stored else "probed",
-                 copy_ms_per_byte=_median(copy_ms[1:]) / (grads.numel() * grads.itemsize),
-                 buffer_bytes=sum(b.numel() * b.element_size() for b in model.buffers()),
-                 # DDP's first iteration runs on the first bucket layout, the second rebuilds it in its forward
-                 ddp={k: _median(r[k] for r in ddp_runs[max(2, cfg.warmup):]) for k in DDP_PHASES} if ddp_runs else {},
-                 rest={f"{k}_ms": _median(r[k] for r in rest) for k in ("forward", "backward", "optimizer")} if rest
-                 else {})]
-
-
-def compute_rank(ctx, cfg: TrainConfig) -> list[dict]:
-    """A refresh's probe (a ``run_point`` fn): only what drifts, compute timed right after DDP's iterations."""
-    return probe_rank(ctx, cfg, full=False)
-
-
 def latency_from_calls(profile: ComputeProfile, done_ms: float, world_size: int, concurrent: int = 1,
                        beta_ms_per_byte: float = 0.0) -> float:
     """The per-step latency alpha with which the simulator reproduces ``done_ms``: when the last of one
@@ -322,7 +153,7 @@ def slowest_rank_contention(pairs_by_rank) -> float:
     pairs = list(zip(*pairs_by_rank))  # per pair: each rank's (alone, under)
     if not pairs:
         return 0.0
-    return max(0.0, _median(max(u for _, u in pair) / max(a for a, _ in pair) - 1 for pair in pairs))
+    return max(0.0, median(max(u for _, u in pair) / max(a for a, _ in pair) - 1 for pair in pairs))
 
 
 def _slowest_compute(rows) -> dict:
@@ -352,7 +183,7 @@ def refresh(cal: Calibration, cfg: TrainConfig) -> Calibration:
 
 def _copy_and_ddp(rows) -> dict:
     """The copy rate (ranks' median) and DDP's own phases (slowest rank), as a full probe and a refresh store them."""
-    return dict(copy_ms_per_byte=_median(r["copy_ms_per_byte"] for r in rows),
+    return dict(copy_ms_per_byte=median(r["copy_ms_per_byte"] for r in rows),
                 ddp={k: max(r["ddp"][k] for r in rows) for k in rows[0]["ddp"]})
 
 
@@ -363,9 +194,9 @@ def calibrate(cfg: TrainConfig, root=None) -> Calibration:
     rows = run_point(cfg, fn=probe_rank, fn_args=(True, link.samples if link else ()))
     profile = ComputeProfile(param_bytes=tuple(rows[0]["param_bytes"]), **_slowest_compute(rows),
                              contention=slowest_rank_contention([r["contention_pairs"] for r in rows]),
-                             comm_contention=_median(r["comm_contention"] for r in rows))
+                             comm_contention=median(r["comm_contention"] for r in rows))
     samples = [tuple(s) for s in rows[0]["comm_samples"]]
-    fit, ring, calls_done = None, None, _median(r["calls_done_ms"] for r in rows)
+    fit, ring, calls_done = None, None, median(r["calls_done_ms"] for r in rows)
     if cfg.world_size > 1:  # the bytes' cost from the link's calls, the per-call cost from the calls in backward
         ring = fit_link(samples)
         beta = ring.model.beta_ms_per_byte
@@ -385,4 +216,5 @@ def calibrate(cfg: TrainConfig, root=None) -> Calibration:
         calls_done_ms=calls_done)  # what alpha reproduces: kept to re-derive it
     return Calibration(profile=profile, comm=fit.model if fit else AlphaBeta(0.0, 0.0), **_copy_and_ddp(rows),
                        buffer_bytes=int(rows[0]["buffer_bytes"]), point=point, fit=quality, meta=meta,
-                       rest={k: max(r["rest"][k] for r in rows) for k in rows[0]["rest"]})
+                       compute_before_ddp={k: max(r["compute_before_ddp"][k] for r in rows)
+                                           for k in rows[0]["compute_before_ddp"]})
