@@ -137,7 +137,8 @@ def _measure(cfgs: list[PointConfig], deadline_s: float | None, pools: _Pools, f
 
 def _run_on_pool(pools: _Pools, cfg: PointConfig, rate_mbit: float | None, task, args, deadline_s):
     """``task`` on the pool for ``cfg``. A point measuring memory runs an iteration under torch's memory profiler,
-    which can crash a rank (SIGSEGV inside the profiled iteration, rarely and not reproducibly): a point whose rank crashed is measured once more on fresh ranks, and says so."""
+    which can crash a rank (SIGSEGV inside the profiled iteration, rarely and not reproducibly): a point whose rank
+    crashed is measured once more on fresh ranks, and says so."""
     memory = getattr(cfg, "memory", False)
     try:
         return pools.get_for(cfg, rate_mbit, fresh=memory).run(task, args, deadline_s)
@@ -253,20 +254,10 @@ def run_sweep(experiment: str, points: Sequence[PointConfig], *, root: str | os.
     refuse_in_bootstrapping_child()
     with refusing():  # every bad value raises here, before any launch
         resolved = [validate(p) for p in points]
-    unique = schedule({point_id(p): p for p in resolved}, order_seed)  # duplicates run once
-    if in_place():
-        world = int(os.environ["WORLD_SIZE"])
-        skipped = [pid for pid, p in unique.items() if p.world_size != world]
-        if skipped and is_writer():
-            print(f"[{experiment}] skipping {len(skipped)} point(s) whose world_size != WORLD_SIZE={world}")
-        unique = {pid: p for pid, p in unique.items() if pid not in skipped}
+    unique = _this_jobs_points(experiment, schedule({point_id(p): p for p in resolved}, order_seed))  # once each
     pending = _pending(experiment, list(unique), root, retry_errors)
     if dry_run:
-        plan = pd.DataFrame([{"point_id": pid, "status": "pending" if pid in pending else "stored",
-                              **config_columns(p)} for pid, p in unique.items()])
-        with pd.option_context("display.width", 200, "display.max_columns", 12):
-            print(plan.to_string(index=False) if len(plan) else "no points")
-        return plan
+        return _print_plan(unique, pending)
     with refusing():
         preflight(unique[pid] for pid in pending)  # the machine, once: GPUs, namespaces, data on disk
     writer, available = True, memory_bytes()[0]
@@ -274,41 +265,79 @@ def run_sweep(experiment: str, points: Sequence[PointConfig], *, root: str | os.
         first = next(iter(unique.values()))
         pending, available = _agree(pending, available, first.backend, first.timeout_s)
         writer = is_writer()
-    commit = results.git_commit() if writer else ""
+    todo = {pid: cfg for pid, cfg in unique.items() if pid in pending}
+    tasks = interleaved_groups(todo, available)
     bar = tqdm(total=len(unique), desc=experiment, unit="point", disable=not (progress and writer),
                file=sys.stderr, dynamic_ncols=True)
     with bar, contextlib.ExitStack() as stack:
         pools = _Pools(stack)
         bar.update(len(unique) - len(pending))
-        positions = {pid: position for position, pid in enumerate(unique)}
-        todo = {pid: cfg for pid, cfg in unique.items() if pid in pending}
-        tasks = interleaved_groups(todo, available)
-        tasks_left = collections.Counter(pid for task in tasks for pid in task)  # an anchor is in several
-        collected: dict[str, list[dict]] = collections.defaultdict(list)
+        store = _PointStore(experiment, root, tasks, list(unique), writer, on_stored=lambda: bar.update(1))
+        meta = {"git_commit": results.git_commit() if writer else ""}
         for task in tasks:
             cfgs = [todo[pid] for pid in task]
             bar.set_postfix_str(_describe(cfgs), refresh=True)
-            started = datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")
-            t0 = time.monotonic()
-            try:
-                measured = _measure(cfgs, deadline_s, pools)
-            except Exception as exc:  # noqa: BLE001 - the sweep goes on; the error is stored
-                measured = [[_error_row(cfg, exc)] for cfg in cfgs]
-                if writer:
-                    tqdm.write(f"[{experiment}] {', '.join(task)} failed: {str(exc).splitlines()[0][:200]}",
-                               file=sys.stderr)
-            meta = {"git_commit": commit, "started_at": started, "point_seconds": (time.monotonic() - t0) / len(cfgs),
-                    "order_seed": order_seed, "group": "+".join(task)}
-            for pid, rows in zip(task, measured):
-                collected[pid] += [{**meta, "run_position": positions[pid], **row} for row in rows]
-                tasks_left[pid] -= 1
-                if tasks_left[pid] == 0:
-                    rows = collected.pop(pid)
-                    fine = [row for row in rows if not row.get("error")]
-                    if writer:  # an anchor keeps the tasks that worked; failed in all, it stores the error
-                        results.write_point(experiment, pid, fine or rows[:1], root)
-                    bar.update(1)
+            measured, timing = _measure_task(experiment, task, cfgs, deadline_s, pools, writer)
+            store.add(task, measured, {**meta, **timing, "order_seed": order_seed, "group": "+".join(task)})
     return results.load_results(experiment, root)
+
+
+def _this_jobs_points(experiment: str, points: dict[str, PointConfig]) -> dict[str, PointConfig]:
+    """Under torchrun, the points this job's WORLD_SIZE can run (the others skipped with a note, so one driver can
+    serve jobs of several sizes); all of them elsewhere."""
+    if not in_place():
+        return points
+    world = int(os.environ["WORLD_SIZE"])
+    skipped = [pid for pid, p in points.items() if p.world_size != world]
+    if skipped and is_writer():
+        print(f"[{experiment}] skipping {len(skipped)} point(s) whose world_size != WORLD_SIZE={world}")
+    return {pid: p for pid, p in points.items() if pid not in skipped}
+
+
+def _print_plan(points: dict[str, PointConfig], pending: set[str]) -> pd.DataFrame:
+    """A dry run: one row per point, stored or pending, with its config; printed and returned."""
+    plan = pd.DataFrame([{"point_id": pid, "status": "pending" if pid in pending else "stored",
+                          **config_columns(p)} for pid, p in points.items()])
+    with pd.option_context("display.width", 200, "display.max_columns", 12):
+        print(plan.to_string(index=False) if len(plan) else "no points")
+    return plan
+
+
+def _measure_task(experiment: str, task: list[str], cfgs: list[PointConfig], deadline_s, pools: _Pools,
+                  writer: bool) -> tuple[list[list[dict]], dict]:
+    """One task's rows per point (an error row each if it failed: the sweep goes on), and when it started and its
+    seconds per point."""
+    started = datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")
+    t0 = time.monotonic()
+    try:
+        measured = _measure(cfgs, deadline_s, pools)
+    except Exception as exc:  # noqa: BLE001 - the sweep goes on; the error is stored
+        measured = [[_error_row(cfg, exc)] for cfg in cfgs]
+        if writer:
+            tqdm.write(f"[{experiment}] {', '.join(task)} failed: {str(exc).splitlines()[0][:200]}", file=sys.stderr)
+    return measured, {"started_at": started, "point_seconds": (time.monotonic() - t0) / len(cfgs)}
+
+
+class _PointStore:
+    """Each point's rows gathered over the tasks that measure it (an anchor is in several) and stored once its last
+    task is done: the tasks that worked, or the error if it failed in all. Only the writer (rank 0) stores."""
+
+    def __init__(self, experiment: str, root, tasks: list[list[str]], order: list[str], writer: bool, on_stored):
+        self.experiment, self.root, self.writer, self.on_stored = experiment, root, writer, on_stored
+        self.positions = {pid: position for position, pid in enumerate(order)}
+        self.tasks_left = collections.Counter(pid for task in tasks for pid in task)
+        self.collected: dict[str, list[dict]] = collections.defaultdict(list)
+
+    def add(self, task: list[str], measured: list[list[dict]], meta: dict) -> None:
+        for pid, rows in zip(task, measured):
+            self.collected[pid] += [{**meta, "run_position": self.positions[pid], **row} for row in rows]
+            self.tasks_left[pid] -= 1
+            if self.tasks_left[pid] == 0:
+                rows = self.collected.pop(pid)
+                fine = [row for row in rows if not row.get("error")]
+                if self.writer:
+                    results.write_point(self.experiment, pid, fine or rows[:1], self.root)
+                self.on_stored()
 
 
 def _describe(cfgs: list[PointConfig]) -> str:
