@@ -1,7 +1,7 @@
 """What every figure driver shares: the driver contract, the settings timed figures share, which backends this
 machine can run, and which stored rows a figure reads. Drawing is in ``experiments/plotting.py``.
 
-A driver is a module ``experiments/figNN_<what>.py`` that exposes
+A driver is a module ``experiments/figures/figNN_<what>.py`` that exposes
     FIGURE = "fig7"                 the experiment name (results/<FIGURE>/, results/figures/<FIGURE>.png)
     Config                          a dataclass of sweep settings; every field is a --key=value override
     PAPER                           the paper's claims for this figure, for the plot and REPRODUCTION.md

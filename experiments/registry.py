@@ -3,7 +3,7 @@ drawing or reporting a figure from what is stored. Used by ``python -m experimen
 :func:`figures` lists every figure that can be redrawn from stored results: the drivers', their variants stored
 beside them (``<FIGURE>_hosts/``), the tools' (``tune``, ``simval``, ``timeline``) and the claims chart.
 
-A driver is a ``figNN_*.py`` module in this folder with ``FIGURE``, ``PAPER``, a ``Config`` dataclass,
+A driver is a ``figNN_*.py`` module in ``experiments/figures/`` with ``FIGURE``, ``PAPER``, a ``Config`` dataclass,
 ``points(cfg)``, ``plot(df, cfg)`` and optionally ``summarize(df, cfg)`` and ``claims(df, cfg)`` (its numbers
 beside the paper's, gathered by :func:`draw_claims` into one chart).
 """
@@ -20,7 +20,7 @@ from typing import Callable
 
 import pandas as pd
 
-import experiments
+import experiments.figures
 from experiments import common, plotting, verdicts
 from harness import load_results
 from harness.results import REFERENCE, results_root
@@ -32,11 +32,12 @@ BEYOND_THE_PAPER = ("zero",)  # drivers with the same contract whose figures the
 
 
 def drivers() -> dict:
-    """FIGURE name -> driver module, for every ``figNN_*.py`` in this folder, then those beyond the paper."""
+    """FIGURE name -> driver module, for every ``figNN_*.py`` in ``experiments/figures/``, then those beyond the
+    paper (tools with the same contract, in ``experiments/``)."""
     found = {}
-    for info in pkgutil.iter_modules(experiments.__path__):
+    for info in pkgutil.iter_modules(experiments.figures.__path__):
         if info.name.startswith("fig") and info.name[3:5].isdigit():
-            module = importlib.import_module(f"experiments.{info.name}")
+            module = importlib.import_module(f"experiments.figures.{info.name}")
             found[module.FIGURE] = module
     figures = dict(sorted(found.items(), key=lambda kv: int(kv[0].removeprefix("fig"))))
     return figures | {name: importlib.import_module(f"experiments.{name}") for name in BEYOND_THE_PAPER}

@@ -10,7 +10,7 @@ import matplotlib.pyplot as plt
 import numpy as np
 
 from experiments import plotting, tune, verdicts
-from experiments import fig07_bucket_size as fig7
+from experiments.figures import fig07_bucket_size as fig7
 from experiments.__main__ import main
 from experiments.registry import drivers, stored_config
 from harness import load_results, point_id

@@ -2,7 +2,7 @@
 import pandas as pd
 import pytest
 
-from experiments.fig02_allreduce_granularity import ring_fits
+from experiments.figures.fig02_allreduce_granularity import ring_fits
 from simulator.comm import AlphaBeta
 
 

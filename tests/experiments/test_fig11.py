@@ -2,7 +2,7 @@
 import numpy as np
 import pandas as pd
 
-from experiments import fig11_convergence as fig11
+from experiments.figures import fig11_convergence as fig11
 
 
 def _rows(seed: int, n: int, loss: float, early: float, acc: float, iters: int = 40) -> list[dict]:

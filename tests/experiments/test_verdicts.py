@@ -99,7 +99,7 @@ def test_an_anchor_measured_in_several_tasks_counts_once_per_repetition():
 
 
 def test_fig9_efficiency_and_ddp_over_no_ddp_are_taken_repetition_by_repetition():
-    from experiments import fig09_scalability as fig9
+    from experiments.figures import fig09_scalability as fig9
 
     drift = {0: 1.0, 1: 1.5, 2: 0.8}  # a whole repetition runs slower or faster
     ms = {("ours", 1): 400, ("local", 1): 380, ("ours", 2): 500, ("local", 2): 400}

@@ -259,7 +259,7 @@ def test_drivers_never_mix_rows_of_different_networks(monkeypatch):
 def test_drivers_never_mix_rows_of_different_host_counts():
     import pandas as pd
 
-    from experiments import fig09_scalability as fig9
+    from experiments.figures import fig09_scalability as fig9
     from experiments.common import ok_rows
 
     df = pd.DataFrame({"point_id": ["old", "flat", "two", "local"], "point_type": ["TrainConfig"] * 4,

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from experiments import fig07_bucket_size as fig7
+from experiments.figures import fig07_bucket_size as fig7
 
 FIGURE = "fig8"
 PAPER = {
