@@ -1,4 +1,4 @@
-"""Predict a DDP point's per-iteration latency instead of measuring it (issue: the simulator).
+"""Predict a DDP point's per-iteration latency instead of measuring it.
 
     python -m experiments predict --model=resnet50 --world_size=3 --bucket_cap_mb=10 --net=700mbit
     python -m experiments predict --model=bert-base --bucket_cap_mb=100 --json

@@ -301,8 +301,8 @@ def summarize(df, cfg: Config) -> str:
 
 
 def memory_check(t: pd.DataFrame, tolerance_pct: float = 10) -> str:
-    """The issue's check on rows of :func:`table`: do the profiled categories add up to the measured peak within
-    ``tolerance_pct``? Names every point outside."""
+    """Whether the memory by category can be trusted, on rows of :func:`table`: do the profiled categories add up
+    to the measured peak within ``tolerance_pct``? Names every point outside."""
     off = t[t["categories_vs_measured_pct"].abs() > tolerance_pct]
     outside = ", ".join(f"{r.impl} N={r.world_size} {r.categories_vs_measured_pct:+.0f}%" for r in off.itertuples())
     worst = t.loc[t["categories_vs_measured_pct"].abs().idxmax()]

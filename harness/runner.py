@@ -172,8 +172,9 @@ def rank_metadata(ctx: RankContext) -> dict:
                 torch_version=host["torch_version"])
 
 
-class _Prepared:
-    """One point set up on this rank: its trainer, inputs, breakdown reader and the metadata of its rows."""
+class _PointTrainer:
+    """One training point set up on this rank, ready to run its iterations: its trainer, inputs, breakdown reader
+    and the metadata of its rows."""
 
     def __init__(self, ctx: RankContext, cfg: TrainConfig):
         self.cfg = cfg
@@ -211,7 +212,7 @@ def run_training_point(ctx: RankContext, cfg: TrainConfig) -> list[dict]:
         seeded_model(cfg.model, cfg.seed)
         trim_heap()  # what those left freed
     floor = memory.current_bytes(ctx.device)  # the process without this point's tensors: PeakMeter's zero
-    point = _Prepared(ctx, cfg)
+    point = _PointTrainer(ctx, cfg)
     rows = [row for it in range(cfg.warmup + cfg.iters) if (row := point.iteration(ctx, it)) is not None]
     if cfg.memory:
         extra = measure_memory(cfg, point.trainer, point.inputs, ctx, floor)
@@ -225,7 +226,7 @@ def _load_code(ctx: RankContext, cfg: TrainConfig) -> None:
     before a memory floor rather than counted as the point's memory (measured: DeepSpeed's first engine imports
     ~1600 modules, sympy and triton among them, +127 MiB; FSDP2's first use +32 MiB; a second one +0.1 MiB)."""
     small = dataclasses.replace(cfg, model="small", batch_size=0, checkpointing=False, memory=False)
-    _Prepared(ctx, small).iteration(ctx, 0)
+    _PointTrainer(ctx, small).iteration(ctx, 0)
 
 
 def round_order(names: Sequence, rnd: int, seed: object) -> list:
@@ -240,7 +241,7 @@ def run_training_points(ctx: RankContext, cfgs: Sequence[TrainConfig]) -> list[l
     every point in :func:`round_order`. The machine's speed drifts over seconds, so iteration ``i`` of two points
     forms a pair measured under the same load, which separate launches (tens of seconds apart) are not. Returns
     each point's rows, as :func:`run_training_point` would, with each row's ``round_position``."""
-    points = [_Prepared(ctx, cfg) for cfg in cfgs]
+    points = [_PointTrainer(ctx, cfg) for cfg in cfgs]
     rows: list[list[dict]] = [[] for _ in cfgs]
     first = cfgs[0]
     for it in range(first.warmup + first.iters):

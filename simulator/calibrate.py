@@ -46,13 +46,8 @@ from .comm import AlphaBeta, concurrent_calls, fit_link
 from .iteration import ComputeProfile, buckets_for, simulate
 from .probe import compute_rank, median, probe_rank
 
-VERSION = 10  # 10: contention from the slowest rank of each pair (8 took the ranks' median; 9 was reverted);
-#               8: compute timed right after DDP iterations;
-#               7: compute from the first iterations and the pairs' compute-only halves, spread over the probe;
-#               6: alpha from per-gradient calls in backward, contention from interleaved pairs; 5: warm streams;
-#               4: alpha from a stream of calls;
-#               3: comm_contention; 2: probe sizes up to the gradient's (1 stopped at 32 MiB, and an emulated
-#               link's burst made its fitted rate ~25% fast for DDP's buckets)
+VERSION = 10  # changes whenever what the probe measures, or how, changes: a stored calibration of another version is
+#               refused (Calibration.load), so a prediction never mixes numbers measured two ways
 STORED_LINK_RATE_TOLERANCE = 0.01  # make fig2's calls stand in for the probe's on a link rate within 1% of the point's
 
 
@@ -68,7 +63,7 @@ class Calibration:
     fit: dict  # the alpha-beta fit's quality: r2, median/worst % error, samples
     meta: dict  # version, time, machine, git commit: what a prediction says it used
     # for the record, not used by predictions (slowest rank's medians): DDP's own phases beside the probe, and
-    # compute alone before any DDP iteration (stored as "rest" by earlier code, which load() still reads)
+    # compute alone before any DDP iteration (load() also reads files that name it "rest")
     ddp: dict = field(default_factory=dict)
     compute_before_ddp: dict = field(default_factory=dict)
 
