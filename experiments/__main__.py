@@ -1,6 +1,6 @@
 """Run a figure's sweep and draw it, or redraw figures from stored results.
 
-    python -m experiments list                      the drivers found in this folder
+    python -m experiments list                      the drivers (experiments/figures/, and zero)
     python -m experiments fig7 [--key=value ...]    sweep (stored points are skipped), then plot
     python -m experiments fig7 --dry-run            list the points and whether each is stored
     python -m experiments plots [fig7 ...]          redraw every figure whose results are stored (or those named),

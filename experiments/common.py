@@ -9,7 +9,7 @@ A driver is a module ``experiments/figures/figNN_<what>.py`` that exposes
     plot(df, cfg) -> Figure         draws the figure from the stored rows alone
     summarize(df, cfg) -> str       optional: one paragraph of measured-vs-claimed numbers
     claims(df, cfg) -> list[Claim]  optional: its numbers beside the paper's (``make claims``)
-``python -m experiments`` finds drivers by listing this folder (see ``experiments/registry.py``). A timed
+``python -m experiments`` finds drivers by listing that folder (see ``experiments/registry.py``). A timed
 figure's Config extends :class:`Timed` or :class:`ModelSweep` (the settings they all share) and ends its plot
 with :func:`experiments.plotting.finish`, so a driver holds only what its figure adds; the statistics over
 repetitions are in ``experiments/verdicts.py``.
