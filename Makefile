@@ -16,14 +16,17 @@ fig9 fig10 fig11 fig2: WS_ARG =
 setup: $(STAMP)
 
 # Reinstall only when the project's dependencies change; a second `make setup` does nothing. The figures need the
-# runtime dependencies only (~20 s less of a fresh `make fig7`); `make test` adds the test tools.
+# runtime dependencies only (~20 s less of a fresh `make fig7`); `make test` adds the test tools. --no-compile:
+# the install took 225 s byte-compiling every module (torch's thousands included), 100 s without; Python compiles
+# what it imports, once.
+PIP_INSTALL := $(PY) -m pip install --quiet --no-compile
 $(STAMP): pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
-	$(PY) -m pip install --quiet -e .
+	$(PIP_INSTALL) -e .
 	touch $(STAMP)
 
 $(TEST_STAMP): $(STAMP)
-	$(PY) -m pip install --quiet -e '.[test]'
+	$(PIP_INSTALL) -e '.[test]'
 	touch $(TEST_STAMP)
 
 test: $(TEST_STAMP)

@@ -23,13 +23,20 @@ class BucketStore:
         self.flats = [torch.zeros(b.numel, dtype=b.dtype, device=b.device) for b in buckets]
         self.views: list[torch.Tensor] = [None] * len(self.params)  # type: ignore[list-item]
         self.bucket_of = [0] * len(self.params)
+        self._deferred_runs: list[list[torch.Tensor]] = []  # per bucket: slices holding only small gradients
         for b, flat in zip(buckets, self.flats):
-            offset = 0
+            offset, runs = 0, []
             for i in b.param_indices:
                 numel = self.specs[i].numel
                 self.views[i] = flat[offset:offset + numel].view(self.params[i].shape)
                 self.bucket_of[i] = b.index
+                if numel < EAGER_COPY_NUMEL:
+                    if runs and runs[-1][1] == offset:
+                        runs[-1][1] += numel
+                    else:
+                        runs.append([offset, offset + numel])
                 offset += numel
+            self._deferred_runs.append([flat[start:end] for start, end in runs])
         self.bucket_sizes = [len(b.param_indices) for b in buckets]
         self._bucket_views = [[self.views[i] for i in b.param_indices] for b in buckets]
         self._bucket_params = [[self.params[i] for i in b.param_indices] for b in buckets]
@@ -63,7 +70,8 @@ class BucketStore:
         dist.broadcast(order_t, src=dist.get_global_rank(self.primary_group, 0), group=self.primary_group)
         old_views = self.views
         if not self.as_view:  # nothing lives in the old buckets between iterations: free them first (like torch)
-            old_views = self.views = self.flats = self._bucket_views = self._deferred_views = None  # type: ignore
+            old_views = self.views = self.flats = self._bucket_views = self._deferred_views = \
+                self._deferred_runs = None  # type: ignore
         self._build(assign_buckets(self.specs, self.cap_bytes, self.first_cap_bytes, order_t.tolist()))
         if self.as_view:  # .grad still points into the old buckets: move it into the new ones
             for p, old, new in zip(self.params, old_views, self.views):

@@ -82,7 +82,7 @@ class Reducer(BucketStore, WriteBack):
         rebuild = rebuild_buckets and not find_unused_parameters  # torch never rebuilds with find_unused
         self.rebuild_pending = rebuild  # rebuilt once, after the first synchronized iteration
         self.specs = [ParamSpec.of(n, p) for n, p in zip(self.names, self.params)]
-        self._index = {id(p): i for i, p in enumerate(self.params)}
+        self._eager = [s.numel >= EAGER_COPY_NUMEL for s in self.specs]
         if rebuild_buckets:
             self._build(initial_buckets(self.specs, cap_bytes, first_cap_bytes, find_unused_parameters))
         else:  # the paper's static layout: reverse registration order, capped from the first iteration
@@ -130,6 +130,8 @@ class Reducer(BucketStore, WriteBack):
         self._ready = [False] * len(self.params)
         self._next_launch = 0
         self._futures: list = [None] * len(self.buckets)
+        # no usage, hook counts or gradient order to record: a hook after the first only readies its gradient
+        self._plain = not self.static and self._used is None and self._order is None
         if self.static:  # the reducer knows the unused parameters itself once the first backward has run
             self._fired = [0] * len(self.params)
             self._unused = self._static_unused
@@ -144,7 +146,10 @@ class Reducer(BucketStore, WriteBack):
             if self is None:
                 return
             if self.expect_hooks:
-                self._grad_ready(i)
+                if self._plain and self._started:  # most gradients: nothing to record, straight to the bucket
+                    self._mark_ready(i)
+                else:
+                    self._grad_ready(i)
             elif self._used is not None:
                 self._used[i] = 1  # a no_sync backward: its usage counts at the next synchronized one
         return hook
@@ -192,7 +197,7 @@ class Reducer(BucketStore, WriteBack):
                 "whose tensors cannot be found, or is the parameter behind reentrant checkpointing?); this DDP "
                 "supports one backward per forward and no parameter used by two separate backward passes")
         self._ready[i] = True
-        if self.specs[i].numel >= EAGER_COPY_NUMEL:  # large: copied now, while backward computes the rest
+        if self._eager[i]:  # large: copied now, while backward computes the rest
             self._fill_one(i, self.params[i].grad, self._scale if self.comm_hook is None else None)
         b = self.bucket_of[i]
         self._pending[b] -= 1
@@ -208,8 +213,9 @@ class Reducer(BucketStore, WriteBack):
 
     def _fill(self, b: int) -> None:
         """Bucket ``b``'s small gradients, once all are final, into its flat tensor, averaged unless a comm hook
-        averages: one fused copy and one fused multiply, not a kernel each (on a fast GPU the host issuing kernels
-        is the bottleneck). Bitwise torch's average: the same multiply by 1 / world size."""
+        averages: one fused copy, then one multiply per stretch of the bucket holding only small gradients, not a
+        kernel each (the host issuing kernels is the bottleneck on a fast GPU; on CPU a fused multiply still runs
+        one kernel per tensor). Bitwise torch's average: the same multiply by 1 / world size."""
         params = self._deferred_params[b]
         if not params:
             return
@@ -219,10 +225,9 @@ class Reducer(BucketStore, WriteBack):
             for i, grad in zip(self._deferred[b], grads):
                 self._fill_one(i, grad, scale)
             return
-        views = self._deferred_views[b]
-        torch._foreach_copy_(views, grads)
+        torch._foreach_copy_(self._deferred_views[b], grads)
         if scale is not None:
-            torch._foreach_mul_(views, scale)
+            torch._foreach_mul_(self._deferred_runs[b], scale)
 
     def _fill_one(self, i: int, grad: torch.Tensor | None, scale: float | None) -> None:
         """The rarer cases, one gradient at a time: none yet, sparse, ``create_graph``, ``.grad`` as a view."""
