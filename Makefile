@@ -17,12 +17,15 @@ setup: $(STAMP)
 
 # Reinstall only when the project's dependencies change; a second `make setup` does nothing. The figures need the
 # runtime dependencies only (~20 s less of a fresh `make fig7`); `make test` adds the test tools. --no-compile:
-# the install took 225 s byte-compiling every module (torch's thousands included), 100 s without; Python compiles
-# what it imports, once.
+# the install took 225 s byte-compiling every module (torch's thousands included), 100 s without; the modules every
+# run imports are compiled once after it (~20 s). Bytecode is written even where the shell sets
+# PYTHONDONTWRITEBYTECODE: without it every rank would compile the modules it imports again, seconds per process.
 PIP_INSTALL := $(PY) -m pip install --quiet --no-compile
+unexport PYTHONDONTWRITEBYTECODE
 $(STAMP): pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PIP_INSTALL) -e .
+	$(PY) -c "import torch.distributed, torchvision, transformers.models.bert, pandas, matplotlib.pyplot, harness.runner"
 	touch $(STAMP)
 
 $(TEST_STAMP): $(STAMP)
