@@ -1,5 +1,6 @@
 """After the rebuild, our buckets hold the same bytes as torch's (same caps, same first-bucket rule), so a
 latency comparison of the two launches the same allreduces."""
+import copy
 from unittest import mock
 
 import pytest
@@ -15,10 +16,11 @@ def bucket_bytes(ctx):
     from ddp_impl import DistributedDataParallel as OurDDP
 
     x = torch.randn(2, 3, 32, 32)
+    resnet50 = torchvision.models.resnet50(weights=None)  # built once: its random initialisation takes a second
     out = {}
     for cap in CAPS:
         kwargs = {} if cap is None else {"bucket_cap_mb": cap}
-        ours, theirs = (wrap(torchvision.models.resnet50(weights=None), **kwargs)
+        ours, theirs = (wrap(copy.deepcopy(resnet50), **kwargs)
                         for wrap in (OurDDP, torch.nn.parallel.DistributedDataParallel))
         for model in (ours, theirs):
             for _ in range(3):  # both rebuild after the first iteration; torch logs it a step later

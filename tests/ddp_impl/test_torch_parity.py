@@ -5,7 +5,7 @@ import pytest
 import torch
 
 from harness.launch import launch
-from tests.ddp_impl import torch_cases
+from tests.ddp_impl import api_cases, torch_cases
 
 # exception_in_backward leaves collectives unmatched by design: it runs in its own launch
 CASES = ["no_sync_unused", "reentrant_checkpoint", "dataclass_output", "replaced_buffer",
@@ -102,7 +102,7 @@ HOOK_CASES = [("allreduce", None, False, False), ("fp16_compress", None, False, 
 
 
 def run_hooks(ctx):
-    return portable([{impl: torch_cases.hooks_and_layout(ctx, impl, *case) for impl in ("ours", "torch")}
+    return portable([{impl: api_cases.hooks_and_layout(ctx, impl, *case) for impl in ("ours", "torch")}
             for case in HOOK_CASES])
 
 
@@ -117,9 +117,9 @@ def test_torch_hooks_run_unchanged_with_torch_bucket_layout():
 
 
 def run_unused_outputs(ctx):
-    return portable({"ours": torch_cases.unused_output_entry(ctx, "ours"),
-                     "torch": torch_cases.unused_output_entry(ctx, "torch", kinds=("dict", "tuple", "namedtuple"),
-                                                              configs=torch_cases.UNUSED_OUTPUT_CONFIGS[:2])})
+    return portable({"ours": api_cases.unused_output_entry(ctx, "ours"),
+                     "torch": api_cases.unused_output_entry(ctx, "torch", kinds=("dict", "tuple", "namedtuple"),
+                                                              configs=api_cases.UNUSED_OUTPUT_CONFIGS[:2])})
 
 
 def test_an_output_entry_the_loss_leaves_out_trains_as_torch():
@@ -129,9 +129,9 @@ def test_an_output_entry_the_loss_leaves_out_trains_as_torch():
     r0, r1 = launch(run_unused_outputs, 2, "gloo", timeout_s=60, deadline_s=300)
     for rank, got in enumerate((r0, r1)):
         for (kind, k, aux_on), ours in got["ours"].items():
-            as_view = torch_cases.UNUSED_OUTPUT_CONFIGS[k].get("gradient_as_bucket_view", False)
+            as_view = api_cases.UNUSED_OUTPUT_CONFIGS[k].get("gradient_as_bucket_view", False)
             reference = got["torch"][("dict", int(as_view), aux_on)]
-            assert_same(ours, reference, f"rank{rank} {kind} {torch_cases.UNUSED_OUTPUT_CONFIGS[k]} aux {aux_on}")
+            assert_same(ours, reference, f"rank{rank} {kind} {api_cases.UNUSED_OUTPUT_CONFIGS[k]} aux {aux_on}")
         for key, theirs in got["torch"].items():  # torch agrees with itself across containers
             assert_same(theirs, got["torch"][("dict",) + key[1:]], f"rank{rank} torch {key}")
     for key, steps in r0["torch"].items():  # the reference really averages: aux None, or equal on both ranks
@@ -144,8 +144,8 @@ def test_an_output_entry_the_loss_leaves_out_trains_as_torch():
 
 
 def run_uneven(ctx):
-    return portable({case[0]: {impl: torch_cases.uneven_inputs(ctx, impl, case[0]) for impl in ("ours", "torch")}
-                     for case in torch_cases.JOIN_CASES})
+    return portable({case[0]: {impl: api_cases.uneven_inputs(ctx, impl, case[0]) for impl in ("ours", "torch")}
+                     for case in api_cases.JOIN_CASES})
 
 
 def test_uneven_inputs_train_in_join_as_torch():

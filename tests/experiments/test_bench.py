@@ -10,6 +10,7 @@ import pandas as pd
 import pytest
 import torch
 
+from experiments import bench
 from experiments.bench import MEMORY_COLUMNS, SUMMARY_COLUMNS, BenchConfig, pooled, validate_bench
 from harness.launch import launch
 
@@ -108,10 +109,8 @@ def test_bench_config_is_validated():
 def test_bench_at_world_size_one_on_the_host_bound_model(tmp_path):
     """One rank (one GPU's case) runs every variant; tiny-layers' 800 parameters all reach the buckets."""
     out = tmp_path / "bench"
-    cmd = [sys.executable, "-m", "experiments.bench", "--models=tiny-layers", "--bucket_caps_mb=0,25",
-           "--world_size=1", "--iters=3", "--memory=false", "--timeout_s=60", f"--out={out}"]
-    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=240)
-    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert bench.main(["--models=tiny-layers", "--bucket_caps_mb=0,25", "--world_size=1", "--iters=3",
+                       "--memory=false", "--timeout_s=60", f"--out={out}"]) == 0
     summary = pd.read_csv(out / "summary.csv")
     assert (summary["world_size"] == 1).all() and summary["same_buckets"].all()
     assert list(summary["num_params"]) == [400 * (16 * 16 + 16)] * 2
