@@ -16,20 +16,22 @@ fig9 fig10 fig11 fig2: WS_ARG =
 setup: $(STAMP)
 
 # Reinstall only when the project's dependencies change; a second `make setup` does nothing. The figures need the
-# runtime dependencies only (~20 s less of a fresh `make fig7`); `make test` adds the test tools. --no-compile:
-# the install took 225 s byte-compiling every module (torch's thousands included), 100 s without; the modules every
-# run imports are compiled once after it (~20 s). Bytecode is written even where the shell sets
-# PYTHONDONTWRITEBYTECODE: without it every rank would compile the modules it imports again, seconds per process.
-PIP_INSTALL := $(PY) -m pip install --quiet --no-compile
+# runtime dependencies only; `make test` adds the test tools. uv installs the wheels in parallel (~40 s for torch's
+# ~5 GB of CUDA wheels, where pip takes ~100 s); pip does it wherever uv cannot be installed or fails. Neither
+# byte-compiles the whole environment (pip did, for 125 s): the modules every run imports are compiled once after
+# the install (~20 s). Bytecode is written even where the shell sets PYTHONDONTWRITEBYTECODE: without it every rank
+# would compile the modules it imports again, seconds per process.
+INSTALL = $(PY) -m pip install --quiet uv && $(VENV)/bin/uv pip install --quiet --python $(PY) $(1) \
+	|| $(PY) -m pip install --quiet --no-compile $(1)
 unexport PYTHONDONTWRITEBYTECODE
 $(STAMP): pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
-	$(PIP_INSTALL) -e .
+	$(call INSTALL,-e .)
 	$(PY) -c "import torch.distributed, torchvision, transformers.models.bert, pandas, matplotlib.pyplot, harness.runner"
 	touch $(STAMP)
 
 $(TEST_STAMP): $(STAMP)
-	$(PIP_INSTALL) -e '.[test]'
+	$(call INSTALL,-e '.[test]')
 	touch $(TEST_STAMP)
 
 test: $(TEST_STAMP)
