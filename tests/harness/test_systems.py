@@ -11,7 +11,7 @@ from harness.backends import check_backend
 from harness.launch import RankContext, launch
 from harness.models import compute_loss, input_spec, make_inputs, seeded_model
 from harness.sweep import run_point
-from harness.systems import ThreadReplicas, blocks, build, state_tensors
+from harness.systems import ThreadReplicas, blocks, build, same_on_every_rank, state_tensors
 
 CPU = RankContext(0, 1, 0, "gloo", torch.device("cpu"), 1, 60.0)
 SYSTEMS = ("torch", "zero1", "fsdp", "fsdp_keep", "deepspeed1", "deepspeed2", "deepspeed3")
@@ -165,6 +165,28 @@ def test_memory_point_measures_traffic_and_state_per_rank():
         assert row["mem_model_state_bytes"] == pytest.approx(8 * params, rel=0.1)
     for row in run_point(TrainConfig(impl="deepspeed3", **base)):  # its parameters are partitioned away in place
         assert row["num_params"] == params
+
+
+def _build_from(ctx, offsets):
+    """Per DDP: whether this rank's model (seeded, plus ``offsets[rank]``) was found the same on every rank, and
+    its parameters after build: equal across ranks whether build skipped DDP's broadcast or not."""
+    out = {}
+    for impl in ("ours", "torch"):
+        model = seeded_model("small", 0)
+        with torch.no_grad():
+            next(model.parameters()).add_(offsets[ctx.rank])
+        same = same_on_every_rank(model, ctx)
+        trainer = build(model, ctx, impl=impl)
+        out[impl] = same, torch.cat([p.detach().reshape(-1) for p in trainer.model.parameters()]).tolist()
+    return out
+
+
+@pytest.mark.parametrize("offsets, same", [((0.0, 0.0), True), ((0.0, 1e-6), False)])
+def test_build_broadcasts_the_model_only_where_ranks_differ(offsets, same):
+    per_rank = launch(_build_from, 2, "gloo", args=(offsets,), timeout_s=60)
+    for impl in ("ours", "torch"):
+        assert [r[impl][0] for r in per_rank] == [same, same]
+        assert per_rank[0][impl][1] == per_rank[1][impl][1]  # rank 0's weights everywhere, broadcast or not
 
 
 @pytest.mark.parametrize("fields, message", [
