@@ -34,8 +34,9 @@ $(TEST_STAMP): $(STAMP)
 	$(call INSTALL,-e '.[test]')
 	touch $(TEST_STAMP)
 
+# `make test ARGS="-k bucket --durations=10"`: ARGS go to pytest.
 test: $(TEST_STAMP)
-	$(PY) -m pytest tests
+	$(PY) -m pytest tests $(ARGS)
 
 $(FIGURES): setup
 	$(PY) -m experiments $@ $(WS_ARG) $(ARGS)

@@ -34,28 +34,33 @@ def _full_parameters(trainer, skip=()) -> torch.Tensor:
     return torch.cat([(p.full_tensor() if hasattr(p, "full_tensor") else p).detach().reshape(-1) for p in params])
 
 
-def _train_each_system(ctx, optimizer):
-    """Three steps of every system from the same weights on this rank's own inputs (different per rank)."""
+def _train_each_system(ctx):
+    """Per optimizer, three steps of every system from the same weights on this rank's own inputs (different per
+    rank): one launch for both, as DeepSpeed's first import in a rank takes seconds."""
     spec = input_spec("small", "cpu")
     inputs = make_inputs("small", spec, ctx.device, seed=ctx.rank)
     out = {}
-    for impl in SYSTEMS:
+    for optimizer, impl in ((o, i) for o in ("sgd", "adam") for i in SYSTEMS):
         trainer = build(seeded_model("small", 0), ctx, impl=impl, optimizer=optimizer, lr=0.2)
         for _ in range(3):
             trainer.backward(compute_loss("small", trainer.model, inputs))
             trainer.optimizer.step()
             trainer.optimizer.zero_grad(set_to_none=False)
-        out[impl] = _full_parameters(trainer, ROUNDING_ONLY if optimizer == "adam" else ())
+        out.setdefault(optimizer, {})[impl] = _full_parameters(trainer, ROUNDING_ONLY if optimizer == "adam" else ())
     return out
 
 
+@pytest.fixture(scope="module")
+def trained_ranks():
+    return launch(_train_each_system, 2, timeout_s=180)
+
+
 @pytest.fixture(scope="module", params=["sgd", "adam"])
-def trained(request):
+def trained(request, trained_ranks):
     """Per rank, each system's parameters after 3 steps, and the parameters they all started from."""
-    ranks = launch(_train_each_system, 2, args=(request.param,), timeout_s=120)
     skip = ROUNDING_ONLY if request.param == "adam" else ()
     start = torch.cat([p.detach().reshape(-1) for n, p in seeded_model("small", 0).named_parameters() if n not in skip])
-    return request.param, ranks, start
+    return request.param, [r[request.param] for r in trained_ranks], start
 
 
 def _assert_same_steps(trained, impls):
