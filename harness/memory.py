@@ -22,6 +22,8 @@ import contextlib
 import ctypes
 import os
 import re
+import socket
+import struct
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -231,11 +233,31 @@ class PeakMeter:
             self.peak = _data_bytes("VmHWM") - self.floor
 
 
+# struct tcp_info (linux/tcp.h, Linux 4.19+): bytes_sent and bytes_retrans, unsigned 64-bit
+TCP_INFO_BYTES_SENT, TCP_INFO_BYTES_RETRANS, TCP_INFO_SIZE = 200, 208, 216
+
+
 def sent_bytes() -> int:
-    """Bytes sent so far over every interface of this process's network namespace (``/proc/net/dev``): in an
-    emulated network all ranks share one namespace, so the difference over an iteration is what they all sent."""
+    """Payload bytes this process's TCP sockets have sent, retransmissions excluded (each socket's ``tcp_info``:
+    ``bytes_sent - bytes_retrans``): what its collectives send, without headers, acknowledgements or anything
+    another process sends. Counting the interfaces of the ranks' network namespace (``/proc/net/dev``) took all of
+    those in, and once read 12 % above the usual count of a point measured again on fresh ranks."""
     total = 0
-    for line in Path("/proc/net/dev").read_text().splitlines()[2:]:
-        fields = line.split(":", 1)[1].split()
-        total += int(fields[8])
+    for fd in os.listdir("/proc/self/fd"):
+        try:
+            if not os.readlink(f"/proc/self/fd/{fd}").startswith("socket:"):
+                continue
+            sock = socket.socket(fileno=int(fd))
+        except OSError:
+            continue  # closed meanwhile, or not a socket family Python knows
+        try:
+            if sock.type != socket.SOCK_STREAM or sock.family not in (socket.AF_INET, socket.AF_INET6):
+                continue
+            info = sock.getsockopt(socket.IPPROTO_TCP, socket.TCP_INFO, TCP_INFO_SIZE)
+        finally:
+            sock.detach()  # the descriptor stays its owner's
+        if len(info) < TCP_INFO_SIZE:
+            raise RuntimeError(f"this kernel's tcp_info ({len(info)} bytes) has no bytes_sent: Linux 4.19+ needed")
+        sent, retransmitted = struct.unpack_from("QQ", info, TCP_INFO_BYTES_SENT)
+        total += sent - retransmitted
     return total

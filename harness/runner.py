@@ -261,7 +261,7 @@ def run_training_points(ctx: RankContext, cfgs: Sequence[TrainConfig]) -> list[l
 
 def measure_memory(cfg: TrainConfig, trainer: Trainer, inputs: dict, ctx: RankContext, floor: int) -> dict:
     """Two more iterations after the timed ones: one measuring the peak (:class:`harness.memory.PeakMeter`) and
-    the bytes every rank sent (between barriers, so nothing else is counted), one under the memory profiler
+    the payload bytes this rank sent (between barriers, so nothing else is counted), one under the memory profiler
     (categories at the peak, model state before forward, the timeline)."""
     import torch.distributed as dist
 
@@ -280,5 +280,5 @@ def measure_memory(cfg: TrainConfig, trainer: Trainer, inputs: dict, ctx: RankCo
     timeline = [[round(t, 3), *(s[c] for c in memory.CATEGORIES)] for t, s in prof.timeline]
     return dict({f"mem_{c}_bytes": prof.at_peak[c] for c in memory.CATEGORIES},
                 mem_profiled_peak_bytes=prof.peak, mem_measured_peak_bytes=meter.peak,
-                mem_model_state_bytes=sum(state.values()), sent_bytes=sent // max(1, ctx.world_size),
+                mem_model_state_bytes=sum(state.values()), sent_bytes=sent,
                 mem_timeline_json=json.dumps(timeline, separators=(",", ":")))
