@@ -66,6 +66,10 @@ class Calibration:
     # compute alone before any DDP iteration (load() also reads files that name it "rest")
     ddp: dict = field(default_factory=dict)
     compute_before_ddp: dict = field(default_factory=dict)
+    # DDP's own host work on backward's thread (simulator.predict.with_host_overhead): a named cluster states it; a
+    # probe of this machine leaves it 0, as the per-call latency it fits already absorbs the per-bucket work
+    host_per_gradient_ms: float = 0.0
+    host_per_bucket_ms: float = 0.0
 
     def save(self, path: str | Path) -> Path:
         path = Path(path)
