@@ -122,6 +122,8 @@ def test_predict_command_speaks_for_a_named_cluster():
     want = predict(cluster_calibration("paper-v100", "small", "nccl", 256), Scenario())["predicted_ms"]
     assert out["predicted_ms"] == pytest.approx(want) and out["point"]["backend"] == "nccl"
     assert out["calibration"] == "paper-v100"
+    lo, hi = out["predicted_range_ms"]
+    assert lo < out["predicted_ms"] < hi
     for args, message in ((["--cluster=nope"], "unknown cluster 'nope'; choose one of"),
                           (["--cluster=paper-v100", "--calibration=x.json"], "exclude each other")):
         bad = _predict(*args)
