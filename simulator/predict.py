@@ -3,7 +3,7 @@
 What DDP adds to the calibrated compute: each gradient is copied into its bucket inside its hook (on the
 backward's thread, so later gradients are ready that much later) and copied back out after the last allreduce;
 before every forward it broadcasts the module's buffers (``broadcast_buffers=True``, torch's default and ours); and
-where the calibration states it (a named cluster), its host work per gradient and per bucket.
+its host work per gradient and per bucket (probed on this machine, stated for a named cluster).
 """
 from __future__ import annotations
 
