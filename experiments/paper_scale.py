@@ -130,7 +130,7 @@ def caption(cluster) -> str:
     c = named(cluster)
     return (f". Shaded panels are simulated, not measured: {c.name} ({c.description}; {c.device.name}), "
             "paper-profile batches, compute from published single-GPU measurements, nothing fitted to the paper; "
-            "bands and whiskers span each assumption's stated range; numbers and sources in simulator/clusters.py, "
+            "bands and whiskers span each assumption's stated range; numbers and sources in simulator/cluster_data.py, "
             "checks in REPRODUCTION.md")
 
 
