@@ -16,7 +16,8 @@ and 50-120 s for BERT-base (the link, calls inside backward, compute under commu
 the default: compute timed after DDP's own iterations, :func:`simulator.calibrate.refresh`; the link's numbers and
 the contentions stay as probed); ``--probe=full`` probes everything again.
 ``--cluster=NAME`` predicts for a named GPU cluster instead (:mod:`simulator.clusters`: its numbers and their
-sources; paper-profile batches, ``--net`` and ``--profile`` do not apply, ``--backend=auto`` means NCCL).
+sources; paper-profile batches, ``--net`` and ``--profile`` do not apply, ``--backend=auto`` means NCCL), with the
+range its assumptions' stated ranges give (``predicted_range_ms`` in the JSON).
 """
 from __future__ import annotations
 
@@ -155,6 +156,12 @@ def _main(argv: list[str] | None) -> int:
     out = dict(predict(cal, scenario), calibration=str(path), calibrated_at=cal.meta["created_at"],
                probed_at=cal.meta.get("probed_at", cal.meta["created_at"]),
                point={**cal.point, **dataclasses.asdict(scenario)})
+    if ns.cluster:  # the range each stated assumption's low and high ends give
+        from simulator.clusters import band, cluster_calibration
+
+        lo, _, hi = band(lambda at: predict(cluster_calibration(ns.cluster, cfg.model, cfg.backend, cfg.world_size,
+                                                                at=at), scenario)["predicted_ms"])
+        out["predicted_range_ms"] = [lo, hi]
     if ns.json:
         print(json.dumps(out))
         return 0
@@ -166,7 +173,10 @@ def _main(argv: list[str] | None) -> int:
           f"cap {scenario.bucket_cap_mb:g} MiB, "
           f"overlap={scenario.overlap}, k={scenario.round_robin_groups}, sync every {scenario.sync_every}")
     print(f"predicted per-iteration latency: {out['predicted_ms']:.1f} ms")
-    for key in ("forward_ms", "backward_compute_ms", "exposed_comm_ms", "optimizer_ms", "comm_ms"):
+    if "predicted_range_ms" in out:
+        lo, hi = out["predicted_range_ms"]
+        print(f"  range {lo:.1f} - {hi:.1f} ms over the stated ranges of compute, link bandwidth and DDP's host work")
+    for key in ("forward_ms", "backward_compute_ms", "host_ms", "exposed_comm_ms", "optimizer_ms", "comm_ms"):
         print(f"  {key:22s} {out[key]:9.1f}")
     print(f"  {'buckets':22s} {out['num_buckets']:9d}")
     probed = f"; link, latency and contention probed {cal.meta['probed_at']}" if "probed_at" in cal.meta else ""
@@ -179,7 +189,8 @@ def _main(argv: list[str] | None) -> int:
               f"{ring['median_abs_pct_error']:.1f}% / worst {ring['worst_abs_pct_error']:.1f}%; alpha above is the "
               f"per-call cost inside backward")
     if ns.cluster:
-        print("simulated from stated assumptions, not measured; sources:\n  - " + "\n  - ".join(cal.meta["sources"]))
+        print("simulated from measurements made elsewhere, not measured here; sources:\n  - "
+              + "\n  - ".join(cal.meta["sources"]))
     return 0
 
 

@@ -23,7 +23,9 @@ training):
 * contention: the backward alone and while one allreduce long enough to cover it runs, in pairs (what overlap
   costs the slowest rank's compute where communication runs on the same cores, and what the compute costs the
   allreduce's bytes);
-* copies: DDP copies each gradient into its bucket and back out; the rank's memory-copy rate prices that.
+* copies: DDP copies each gradient into its bucket and back out; the rank's memory-copy rate prices that;
+* host work: DDP's cost per gradient and per bucket on backward's thread, from a host-bound stand-in model under the
+  point's DDP at two bucket layouts against no DDP (:mod:`simulator.host_cost`, under a second).
 
 The result is a :class:`Calibration`, stored as a versioned JSON file, so a prediction names what it came from.
 :func:`refresh` re-times only what drifts, the compute (~30 s for BERT-base at 2 ranks against 50-120 s in full),
@@ -46,7 +48,7 @@ from .comm import AlphaBeta, concurrent_calls, fit_link
 from .iteration import ComputeProfile, buckets_for, simulate
 from .probe import compute_rank, median, probe_rank
 
-VERSION = 10  # changes whenever what the probe measures, or how, changes: a stored calibration of another version is
+VERSION = 11  # changes whenever what the probe measures, or how, changes: a stored calibration of another version is
 #               refused (Calibration.load), so a prediction never mixes numbers measured two ways
 STORED_LINK_RATE_TOLERANCE = 0.01  # make fig2's calls stand in for the probe's on a link rate within 1% of the point's
 
@@ -66,6 +68,10 @@ class Calibration:
     # compute alone before any DDP iteration (load() also reads files that name it "rest")
     ddp: dict = field(default_factory=dict)
     compute_before_ddp: dict = field(default_factory=dict)
+    # DDP's own host work on backward's thread (simulator.predict.with_host_overhead): the probe's host-bound stand-in
+    # on the point's ranks (simulator.host_cost), or a named cluster's stated numbers
+    host_per_gradient_ms: float = 0.0
+    host_per_bucket_ms: float = 0.0
 
     def save(self, path: str | Path) -> Path:
         path = Path(path)
@@ -208,8 +214,17 @@ def calibrate(cfg: TrainConfig, root=None) -> Calibration:
                       median_abs_pct_error=ring.median_abs_pct_error, worst_abs_pct_error=ring.worst_abs_pct_error),
         # the model used (alpha from the calls inside backward) against the same calls
         r2=fit.r2, median_abs_pct_error=fit.median_abs_pct_error, worst_abs_pct_error=fit.worst_abs_pct_error,
-        calls_done_ms=calls_done)  # what alpha reproduces: kept to re-derive it
+        calls_done_ms=calls_done,  # what alpha reproduces: kept to re-derive it
+        host_cost=[r["host_cost"] for r in rows])  # each rank's stand-in backwards and what they gave
+    host = _slowest_host_cost(rows)
     return Calibration(profile=profile, comm=fit.model if fit else AlphaBeta(0.0, 0.0), **_copy_and_ddp(rows),
                        buffer_bytes=int(rows[0]["buffer_bytes"]), point=point, fit=quality, meta=meta,
                        compute_before_ddp={k: max(r["compute_before_ddp"][k] for r in rows)
-                                           for k in rows[0]["compute_before_ddp"]})
+                                           for k in rows[0]["compute_before_ddp"]}, **host)
+
+
+def _slowest_host_cost(rows) -> dict:
+    """DDP's host work per gradient and per bucket on the slowest rank (DDP waits for it); 0 without a probe of it."""
+    found = [r["host_cost"] for r in rows if r.get("host_cost")]
+    return dict(host_per_gradient_ms=max((h["per_gradient_ms"] for h in found), default=0.0),
+                host_per_bucket_ms=max((h["per_bucket_ms"] for h in found), default=0.0))

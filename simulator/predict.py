@@ -2,7 +2,8 @@
 
 What DDP adds to the calibrated compute: each gradient is copied into its bucket inside its hook (on the
 backward's thread, so later gradients are ready that much later) and copied back out after the last allreduce;
-before every forward it broadcasts the module's buffers (``broadcast_buffers=True``, torch's default and ours).
+before every forward it broadcasts the module's buffers (``broadcast_buffers=True``, torch's default and ours); and
+its host work per gradient and per bucket (probed on this machine, stated for a named cluster).
 """
 from __future__ import annotations
 
@@ -35,6 +36,23 @@ def with_bucket_copies(profile: ComputeProfile, copy_ms_per_byte: float) -> Comp
     return replace(profile, ready_ms=tuple(ready), backward_ms=profile.backward_ms + extra)
 
 
+def with_host_overhead(profile: ComputeProfile, buckets, per_gradient_ms: float,
+                       per_bucket_ms: float) -> ComputeProfile:
+    """The profile with DDP's host work on backward's thread: each gradient's hook, and each bucket's launch once its
+    last gradient is in, delay that gradient and every later one, and backward's end (where the host sets the pace,
+    as for BERT-base at batch 8 on an H100, this work is on the critical path)."""
+    if not (per_gradient_ms or per_bucket_ms):
+        return profile
+    order = sorted(range(len(profile.ready_ms)), key=lambda i: (profile.ready_ms[i], -i))
+    position = {i: k for k, i in enumerate(order)}
+    closes = {max(b.param_indices, key=position.__getitem__) for b in buckets if b.param_indices}
+    ready, delay = list(profile.ready_ms), 0.0
+    for i in order:
+        delay += per_gradient_ms + (per_bucket_ms if i in closes else 0.0)
+        ready[i] += delay
+    return replace(profile, ready_ms=tuple(ready), backward_ms=profile.backward_ms + delay)
+
+
 def predict(cal: Calibration, scenario: Scenario, comm: CommModel | None = None) -> dict:
     """Predicted per-iteration latency (``predicted_ms``, the mean over ``sync_every`` iterations) and its
     breakdown, for ``scenario`` on the calibrated point (``comm`` replaces the probed link's model)."""
@@ -45,6 +63,8 @@ def predict(cal: Calibration, scenario: Scenario, comm: CommModel | None = None)
     copy_out_ms = sum(profile.param_bytes) * cal.copy_ms_per_byte
     profile = replace(profile, forward_ms=profile.forward_ms + broadcast_ms)
     buckets = buckets_for(profile, scenario.bucket_cap_mb)
+    before_host = profile.backward_ms
+    profile = with_host_overhead(profile, buckets, cal.host_per_gradient_ms, cal.host_per_bucket_ms)
     backend = cal.point.get("process_group") or cal.point["backend"]  # a probe's concrete backend, or a cluster's
     sim: Prediction = simulate(profile, buckets, comm, world_size, overlap=scenario.overlap,
                                groups=scenario.round_robin_groups, concurrent=concurrent_calls(backend))
@@ -54,6 +74,7 @@ def predict(cal: Calibration, scenario: Scenario, comm: CommModel | None = None)
     return dict(predicted_ms=(synced + (n - 1) * local) / n, synced_ms=synced, local_ms=local,
                 forward_ms=sim.forward_ms, backward_ms=sim.backward_ms + copy_out_ms, optimizer_ms=sim.optimizer_ms,
                 backward_compute_ms=cal.profile.backward_ms, exposed_comm_ms=sim.exposed_comm_ms + copy_out_ms,
-                comm_ms=sim.comm_ms, buffer_broadcast_ms=broadcast_ms, num_buckets=len(buckets),
+                comm_ms=sim.comm_ms, buffer_broadcast_ms=broadcast_ms, host_ms=profile.backward_ms - before_host,
+                num_buckets=len(buckets),
                 bucket_bytes=[b.nbytes for b in buckets], bucket_ready_ms=list(sim.ready_ms),
                 bucket_done_ms=list(sim.done_ms))

@@ -3,6 +3,7 @@
 rate, each measured where DDP pays it. What each measurement is for: ``simulator/calibrate.py``."""
 from __future__ import annotations
 
+import dataclasses
 import math
 import statistics
 from dataclasses import dataclass, field
@@ -17,6 +18,7 @@ from harness.models import compute_loss, input_spec, make_inputs, seeded_model
 from harness.runner import build_trainer, timed_iteration
 from harness.timing import ms, now, stamp, timed_ms
 
+from . import host_cost
 from .comm import MIB, AlphaBeta, fit_link
 
 PROBE_SIZES = (4 * 1024, 64 * 1024, MIB, 8 * MIB, 32 * MIB, 128 * MIB)  # bytes per allreduce call, up to ...
@@ -121,7 +123,9 @@ def probe_rank(ctx, cfg: TrainConfig, full: bool = True, link: tuple = ()) -> li
     probe = _RankProbe(ctx, cfg)
     before_ddp = probe.measured(probe.iteration) if full else []  # compute before any DDP iteration, for the record
     runs = probe.measured(probe.after_ddp)
-    found = dict(comm_samples=[], link="probed", calls_done_ms=math.nan, contention_pairs=[], comm_contention=0.0)
+    found = dict(comm_samples=[], link="probed", calls_done_ms=math.nan, contention_pairs=[], comm_contention=0.0,
+                 host_cost={})
+    copy_ms_per_byte = _copy_ms_per_byte(probe)
     if full:  # a refresh (compute_rank) re-times only the compute above
         found.update(_link_samples(probe, link))
         if ctx.world_size > 1:
@@ -133,11 +137,12 @@ def probe_rank(ctx, cfg: TrainConfig, full: bool = True, link: tuple = ()) -> li
             # spell at the probe's start would otherwise set the compute of every prediction (most visibly where
             # no_sync leaves little else).
             runs += [alone for alone, _ in pairs]
+            found["host_cost"] = dataclasses.asdict(host_cost.measure(ctx, cfg, copy_ms_per_byte))
     compute = {f"{k}_ms": median(r[k] for r in runs) for k in PHASES}
     ready = [median(r["ready"][i] for r in runs) for i in range(len(probe.params))]
     return [dict(rank=ctx.rank, backend=ctx.backend, **compute, ready_ms=ready,
                  param_bytes=[p.numel() * p.element_size() for p in probe.params], **found,
-                 copy_ms_per_byte=_copy_ms_per_byte(probe),
+                 copy_ms_per_byte=copy_ms_per_byte,
                  buffer_bytes=sum(b.numel() * b.element_size() for b in probe.model.buffers()),
                  # DDP's first iteration runs on the first bucket layout, the second rebuilds it in its forward
                  ddp={k: median(r[k] for r in probe.ddp_runs[max(2, cfg.warmup):]) for k in DDP_PHASES}

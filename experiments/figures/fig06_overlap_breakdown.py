@@ -20,7 +20,7 @@ FIGURE = "fig6"
 PAPER = {
     "setup": "32 GPUs, ResNet50 and BERT, NCCL and Gloo",
     "claim": "overlap speeds up ResNet50 by 38.0% and BERT by 35.2% on NCCL, 26.8% and 21.5% on Gloo",
-    "speedup_pct": PAPER_OVERLAP_SPEEDUP,  # the simulator's named clusters are fitted to these
+    "speedup_pct": PAPER_OVERLAP_SPEEDUP,  # the simulated panel is checked against these, never fitted
 }
 PHASES = (("forward_ms", "forward"), ("backward_compute_ms", "backward compute"),
           ("backward_comm_exposed_ms", "exposed communication"), ("optimizer_ms", "optimizer step"),

@@ -68,6 +68,9 @@ def test_predict_command_probes_stores_and_reuses_a_calibration(tmp_path):
     before_ddp = cal.compute_before_ddp
     assert set(before_ddp) == {"forward_ms", "backward_ms", "optimizer_ms"} and before_ddp["backward_ms"] > 0
     assert cal.fit["calls_done_ms"] > 0  # what alpha was derived from, kept so that a later model can re-derive it
+    # DDP's host work from the stand-in on each rank, the slowest rank's kept: a hook and a launch cost something
+    assert len(cal.fit["host_cost"]) == 2 and cal.host_per_gradient_ms > 0 and cal.host_per_bucket_ms > 0
+    assert cal.host_per_bucket_ms == max(h["per_bucket_ms"] for h in cal.fit["host_cost"])
     again = _predict("--model=small", "--net=loopback", "--bucket_cap_mb=1", "--json", f"--calibration={stored}",
                      cwd=tmp_path)
     assert json.loads(again.stdout.strip().splitlines()[-1])["predicted_ms"] == pytest.approx(out["predicted_ms"])
@@ -79,6 +82,7 @@ def test_predict_command_probes_stores_and_reuses_a_calibration(tmp_path):
     assert fresh.meta["probed_at"] == cal.meta["created_at"] and fresh.comm == cal.comm and fresh.fit == cal.fit
     assert fresh.profile.contention == cal.profile.contention and fresh.profile.param_bytes == cal.profile.param_bytes
     assert fresh.profile.backward_ms != cal.profile.backward_ms  # measured again
+    assert (fresh.host_per_gradient_ms, fresh.host_per_bucket_ms) == (cal.host_per_gradient_ms, cal.host_per_bucket_ms)
     full = _predict("--model=small", "--net=loopback", "--probe=full", "--json", cwd=tmp_path)
     assert full.returncode == 0, full.stderr
     assert "probed_at" not in Calibration.load(stored).meta
@@ -86,6 +90,27 @@ def test_predict_command_probes_stores_and_reuses_a_calibration(tmp_path):
     assert both.returncode != 0 and "exclude each other" in both.stderr
     wrong = _predict("--model=resnet50", f"--calibration={stored}", cwd=tmp_path)
     assert wrong.returncode != 0 and "was probed with model='small'" in wrong.stderr
+
+
+def test_host_cost_solves_per_gradient_and_per_bucket_from_three_backwards():
+    from simulator.host_cost import solve
+
+    # 10 gradients, g = 0.02, b = 0.3, copies 0.1: one bucket 5 + 0.2 + 0.3 + 0.1; one per gradient 5 + 0.2 + 3 + 0.1
+    cost = solve((5.0, 5.6, 8.3), gradients=10, copy_ms=0.1)
+    assert (cost.per_gradient_ms, cost.per_bucket_ms) == (pytest.approx(0.02), pytest.approx(0.3))
+    noisy = solve((5.0, 4.9, 4.8), gradients=10, copy_ms=0.1)
+    assert (noisy.per_gradient_ms, noisy.per_bucket_ms) == (0.0, 0.0)  # noise never makes work negative
+
+
+def test_prediction_charges_the_calibrations_host_work_on_backwards_thread():
+    from dataclasses import replace
+
+    cal = _calibration(copy=0.0)
+    plain, host = (predict(c, Scenario(bucket_cap_mb=0)) for c in (
+        cal, replace(cal, host_per_gradient_ms=0.5, host_per_bucket_ms=2.0)))
+    # two gradients, two buckets: 2 x (0.5 + 2) on backward's thread, after which the last call starts that much later
+    assert host["host_ms"] == pytest.approx(5.0) and plain["host_ms"] == 0
+    assert host["bucket_ready_ms"][-1] - plain["bucket_ready_ms"][-1] == pytest.approx(5.0)
 
 
 def test_link_fit_takes_the_rate_from_large_calls_despite_a_burst():
