@@ -163,7 +163,7 @@ def draw_tune(root=None) -> Path | None:
     cals = []
     for path in sorted((results_root(root) / tune.EXPERIMENT / "calibrations").glob("*.json")):
         try:
-            cals.append(Calibration.load(path))
+            cals.append(Calibration.load(path, stored_run=True))
         except (ValueError, TypeError, KeyError) as exc:  # an older version's probe
             print(f"[tune] {path.name} left out: {exc}")
     if not cals:

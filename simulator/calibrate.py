@@ -50,6 +50,8 @@ from .probe import compute_rank, median, probe_rank
 
 VERSION = 11  # changes whenever what the probe measures, or how, changes: a stored calibration of another version is
 #               refused (Calibration.load), so a prediction never mixes numbers measured two ways
+# earlier versions whose files differ only by fields added since, whose defaults give what they predicted then
+EARLIER_READABLE = {10: "no host cost (0: the probe did not measure it)"}
 STORED_LINK_RATE_TOLERANCE = 0.01  # make fig2's calls stand in for the probe's on a link rate within 1% of the point's
 
 
@@ -82,9 +84,12 @@ class Calibration:
         return path
 
     @classmethod
-    def load(cls, path: str | Path) -> "Calibration":
+    def load(cls, path: str | Path, stored_run: bool = False) -> "Calibration":
+        """``stored_run``: read to draw a stored run again, where a calibration of an earlier version that this one
+        only adds fields to (:data:`EARLIER_READABLE`) also loads, as it predicted then."""
         raw = json.loads(Path(path).read_text())
-        if raw.get("meta", {}).get("version") != VERSION:
+        version = raw.get("meta", {}).get("version")
+        if version != VERSION and not (stored_run and version in EARLIER_READABLE):
             raise ValueError(f"{path}: calibration version {raw.get('meta', {}).get('version')!r}, this code reads "
                              f"version {VERSION}; probe again")
         if "rest" in raw:

@@ -1,6 +1,7 @@
 """What ``simulator.predict`` adds to the simulation (DDP's copies, the buffer broadcast), the calibration file,
 and the `predict` command end to end (small model, loopback: a functional check, not a timing one)."""
 import json
+from dataclasses import asdict
 from pathlib import Path
 
 import pytest
@@ -48,6 +49,21 @@ def test_calibration_files_round_trip_and_refuse_other_versions(tmp_path):
     path.write_text(json.dumps(raw))
     with pytest.raises(ValueError, match="probe again"):
         Calibration.load(path)
+    with pytest.raises(ValueError, match="probe again"):
+        Calibration.load(path, stored_run=True)  # not an earlier version this one reads
+
+
+def test_a_stored_run_of_the_version_before_host_costs_draws_as_it_predicted(tmp_path):
+    raw = asdict(_calibration())
+    raw["meta"]["version"] = 10
+    for key in ("host_per_gradient_ms", "host_per_bucket_ms"):
+        del raw[key]
+    path = tmp_path / "v10.json"
+    path.write_text(json.dumps(raw))
+    with pytest.raises(ValueError, match="probe again"):
+        Calibration.load(path)  # never reused for a new prediction
+    old = Calibration.load(path, stored_run=True)
+    assert (old.host_per_gradient_ms, old.host_per_bucket_ms) == (0.0, 0.0)
 
 
 def _predict(*args, cwd):
