@@ -137,7 +137,8 @@ def probe_rank(ctx, cfg: TrainConfig, full: bool = True, link: tuple = ()) -> li
             # spell at the probe's start would otherwise set the compute of every prediction (most visibly where
             # no_sync leaves little else).
             runs += [alone for alone, _ in pairs]
-            found["host_cost"] = dataclasses.asdict(host_cost.measure(ctx, cfg, copy_ms_per_byte))
+        # one rank too: there DDP's host work is all it adds (an H100 ran torch's DDP 1.19-1.39x no DDP)
+        found["host_cost"] = dataclasses.asdict(host_cost.measure(ctx, cfg, copy_ms_per_byte))
     compute = {f"{k}_ms": median(r[k] for r in runs) for k in PHASES}
     ready = [median(r["ready"][i] for r in runs) for i in range(len(probe.params))]
     return [dict(rank=ctx.rank, backend=ctx.backend, **compute, ready_ms=ready,
