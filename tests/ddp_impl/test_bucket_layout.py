@@ -20,11 +20,12 @@ def bucket_bytes(ctx):
     out = {}
     for cap in CAPS:
         kwargs = {} if cap is None else {"bucket_cap_mb": cap}
-        ours, theirs = (wrap(copy.deepcopy(resnet50), **kwargs)
+        ours, theirs = (wrap(copy.deepcopy(resnet50), init_sync=False, **kwargs)  # the layout, not the values
                         for wrap in (OurDDP, torch.nn.parallel.DistributedDataParallel))
         for model in (ours, theirs):
-            for _ in range(3):  # both rebuild after the first iteration; torch logs it a step later
+            for _ in range(2):  # both rebuild in the second forward
                 model(x).sum().backward()
+        theirs.logger.set_runtime_stats_and_log()  # else torch logs the rebuild at the next forward
         logged = theirs._get_ddp_logging_data()
         assert logged.get("has_rebuilt_buckets") == 1
         out[cap] = ([b["nbytes"] for b in ours.bucket_info()],
