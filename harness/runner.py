@@ -186,11 +186,6 @@ class _PointTrainer:
         self.breakdown = _Breakdown(cfg.impl, self.trainer.model)
         self.meta = dict(rank_metadata(ctx), num_params=num_params,
                          batch_size_used=spec.batch_size, image_size=spec.image_size, seq_len=spec.seq_len)
-        # A DDP learns its bucket order in the first synchronized backward and rebuilds (allocates) its buckets
-        # in the next forward: that iteration ran 20-40 % slow (BERT-base, ResNet50 on CPU). Within the warm-up,
-        # a forward alone does the rebuild, so the iteration after it runs at its steady speed.
-        first_synced = cfg.sync_every - 1
-        self.rebuild_after = first_synced if cfg.impl in DDP_IMPLS and first_synced < cfg.warmup else -1
 
     def iteration(self, ctx: RankContext, it: int) -> dict | None:
         """Run iteration ``it`` (counted from the first warmup iteration); its row once past the warmup."""
@@ -200,8 +195,6 @@ class _PointTrainer:
                                       no_sync=cfg.impl != "local" and not synced, step=synced,
                                       backward=self.trainer.backward)
         split = self.breakdown.read(synced, times["backward_ms"])
-        if it == self.rebuild_after:
-            compute_loss(cfg.model, self.trainer.model, self.inputs)  # its graph is dropped, never backward
         if it < cfg.warmup:
             return None
         return dict(self.meta, iteration=it - cfg.warmup, synced=synced, loss=float(loss.detach()), **times,

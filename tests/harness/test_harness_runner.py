@@ -6,7 +6,7 @@ import math
 import pytest
 import torch
 
-from harness.config import AllreduceConfig, TrainConfig, validate
+from harness.config import AllreduceConfig, TrainConfig
 from harness.launch import RankContext
 from harness.models import build_model, input_spec, make_inputs
 from harness.runner import timed_iteration
@@ -143,31 +143,3 @@ def test_seeded_model_copies_equal_a_fresh_build_and_leave_the_same_random_state
         assert torch.equal(a, c) and torch.equal(b, c)
     assert torch.equal(after_first, after_fresh) and torch.equal(after_second, after_fresh)
     assert not torch.equal(next(seeded_model("small", 4).parameters()), next(fresh.parameters()))
-
-
-def _rebuilt_after_first_iteration(ctx, fields):
-    """Per DDP: whether its buckets are rebuilt once the point's iteration 0 is over (before iteration 1's forward)."""
-    from harness.runner import _PointTrainer
-
-    out = {}
-    for impl in ("ours", "torch"):
-        point = _PointTrainer(ctx, validate(TrainConfig(model="small", impl=impl, world_size=2, iters=1, **fields)))
-        point.iteration(ctx, 0)
-        model = point.trainer.model
-        if impl == "torch":
-            model.logger.set_runtime_stats_and_log()  # torch's logging data is refreshed when it logs
-        out[impl] = (not model.reducer.rebuild_pending if impl == "ours"
-                     else bool(model._get_ddp_logging_data().get("has_rebuilt_buckets")))
-    return out
-
-
-@pytest.mark.parametrize("fields, rebuilt", [
-    (dict(warmup=1), True),  # a forward alone rebuilds the buckets, so iteration 1 (measured) runs on them
-    (dict(warmup=0), False),  # iteration 1 is not the first measured: nothing added to the measured ones
-    (dict(warmup=1, sync_every=2), False),  # iteration 0 did not synchronize: no order learnt yet
-])
-def test_the_warmup_ends_with_the_buckets_rebuilt(fields, rebuilt):
-    from harness.launch import launch
-
-    for rank in launch(_rebuilt_after_first_iteration, 2, "gloo", args=(fields,), timeout_s=60):
-        assert rank == {"ours": rebuilt, "torch": rebuilt}
