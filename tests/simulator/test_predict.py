@@ -84,9 +84,12 @@ def test_predict_command_probes_stores_and_reuses_a_calibration(tmp_path):
     before_ddp = cal.compute_before_ddp
     assert set(before_ddp) == {"forward_ms", "backward_ms", "optimizer_ms"} and before_ddp["backward_ms"] > 0
     assert cal.fit["calls_done_ms"] > 0  # what alpha was derived from, kept so that a later model can re-derive it
-    # DDP's host work from the stand-in on each rank, the slowest rank's kept: a hook and a launch cost something
-    assert len(cal.fit["host_cost"]) == 2 and cal.host_per_gradient_ms > 0 and cal.host_per_bucket_ms > 0
+    # DDP's host work from the stand-in on each rank, the slowest rank's kept. A launch per bucket costs far above
+    # noise (400 buckets: ~5x the backward); what DDP's hook adds over a hook that stamps is near it on a CPU
+    # (0-9 us a gradient across runs, so an honest zero where the medians' difference falls below the launches')
+    assert len(cal.fit["host_cost"]) == 2 and all(h["per_bucket_ms"] > 0 for h in cal.fit["host_cost"])
     assert cal.host_per_bucket_ms == max(h["per_bucket_ms"] for h in cal.fit["host_cost"])
+    assert cal.host_per_gradient_ms == max(h["per_gradient_ms"] for h in cal.fit["host_cost"]) >= 0
     again = _predict("--model=small", "--net=loopback", "--bucket_cap_mb=1", "--json", f"--calibration={stored}",
                      cwd=tmp_path)
     assert json.loads(again.stdout.strip().splitlines()[-1])["predicted_ms"] == pytest.approx(out["predicted_ms"])
