@@ -130,14 +130,16 @@ HELPER_MAIN = "import sys; from harness.netem_helper import main; sys.exit(main(
 
 class NamespacePool:
     """A :class:`~harness.launch.RankPool` inside one private network namespace whose lo gives every rank
-    ``rate_mbit``, kept for many launches (the sweep keeps one per network and rank count).
+    ``rate_mbit``, kept for many launches (the sweep keeps one per network and rank count). Started with
+    ``rate_mbit=None``, the link is unshaped until :meth:`shape` (``net=auto`` times its backward on the ranks
+    first).
 
     The helper (``unshare -rn python -c ...``) reads one JSON request per line on its stdin and writes one JSON
     answer per line to a pipe of its own (the ranks keep stdout and stderr). A helper that misses a deadline is
     killed with every rank it spawned; the next :meth:`run` starts a new namespace.
     """
 
-    def __init__(self, world_size: int, backend: str, *, rate_mbit: float, timeout_s: float, threads: int,
+    def __init__(self, world_size: int, backend: str, *, rate_mbit: float | None, timeout_s: float, threads: int,
                  hosts: int = 1, env: dict | None = None):
         self.setup = dict(world_size=world_size, backend=backend, timeout_s=timeout_s, threads=threads,
                           rate_mbit=rate_mbit, hosts=hosts)
@@ -205,6 +207,17 @@ class NamespacePool:
             print(f"[netem] the emulated links dropped {answer['dropped']} packet(s) at {self.setup['rate_mbit']:g} "
                   f"Mbit/s; TCP retransmissions may have inflated the times", file=sys.stderr)
         return answer["results"]
+
+    def shape(self, rate_mbit: float) -> None:
+        """Limit the unshaped link to ``rate_mbit`` per rank, now and for the namespaces a failure restarts."""
+        if self.setup["rate_mbit"] is not None:
+            raise ValueError(f"the link is already shaped at {self.setup['rate_mbit']:g} Mbit/s")
+        self.setup["rate_mbit"] = rate_mbit
+        if self._proc is not None:
+            answer = self._ask({"shape": rate_mbit}, timeout_s=60)
+            if answer["status"] != "ok":
+                self.close()
+                raise NetemUnavailable(answer["message"])
 
     def close(self) -> None:
         """End the helper: politely (end of its stdin) when idle, else with every rank it spawned."""

@@ -26,9 +26,13 @@ def _configure(cmd: list[str]) -> None:
                                f"{done.returncode}): {done.stderr.strip() or 'no message'}")
 
 
-def _shape_loopback(lo_rate_mbit: float) -> None:
-    _configure([IP, "link", "set", "lo", "up"])
-    _configure([TC, "qdisc", "add", "dev", "lo", "root", *tbf_args(lo_rate_mbit).split()])
+def _shape(rate_mbit: float, world_size: int, hosts_netns: list[str]) -> None:
+    """Limit the links to ``rate_mbit`` per rank: one host's ``lo`` at world_size x the rate, else each host's NIC
+    (``eth0``) at the rate."""
+    if not hosts_netns:
+        _configure([TC, "qdisc", "add", "dev", "lo", "root", *tbf_args(rate_mbit * world_size).split()])
+    for netns in hosts_netns:
+        _configure(_in_netns(netns, [TC, "qdisc", "add", "dev", HOST_INTERFACE, "root", *tbf_args(rate_mbit).split()]))
 
 
 HOST_INTERFACE = "eth0"  # an emulated host's one interface, as on a real server
@@ -39,13 +43,13 @@ def _in_netns(netns: str, cmd: list[str]) -> list[str]:
     return [NSENTER, f"--net={netns}", *cmd] if netns else cmd
 
 
-def _emulate_hosts(rate_mbit: float, hosts: int, holders: list) -> list[str]:
+def _emulate_hosts(hosts: int, holders: list) -> list[str]:
     """The paper's servers behind a switch: each host a network namespace of its own (held by a ``sleep``
-    appended to ``holders``), its ``eth0`` (10.77.h.1) a veth whose peer joins the bridge ``br0`` here, shaped
-    on egress with the same ``tbf`` as the one-host case at ``rate_mbit``: the host's NIC. Returns each host's
-    namespace path."""
+    appended to ``holders``), its ``eth0`` (10.77.h.1) a veth whose peer joins the bridge ``br0`` here (shaped by
+    :func:`_shape` with the same ``tbf`` as the one-host case: the host's NIC). Returns each host's namespace
+    path."""
     paths: list[str] = []
-    for cmd in ([IP, "link", "set", "lo", "up"], [IP, "link", "add", "br0", "type", "bridge"],
+    for cmd in ([IP, "link", "add", "br0", "type", "bridge"],
                 [IP, "addr", "add", f"{SWITCH_ADDR}/16", "dev", "br0"], [IP, "link", "set", "br0", "up"]):
         _configure(cmd)
     own = os.readlink("/proc/self/ns/net")
@@ -64,8 +68,7 @@ def _emulate_hosts(rate_mbit: float, hosts: int, holders: list) -> list[str]:
                     [IP, "link", "set", f"vh{h}", "master", "br0"], [IP, "link", "set", f"vh{h}", "up"],
                     *(_in_netns(netns, c) for c in (
                         [IP, "link", "set", "lo", "up"], [IP, "link", "set", HOST_INTERFACE, "up"],
-                        [IP, "addr", "add", f"10.77.{h}.1/16", "dev", HOST_INTERFACE],
-                        [TC, "qdisc", "add", "dev", HOST_INTERFACE, "root", *tbf_args(rate_mbit).split()]))):
+                        [IP, "addr", "add", f"10.77.{h}.1/16", "dev", HOST_INTERFACE]))):
             _configure(cmd)
     return paths
 
@@ -77,7 +80,8 @@ def _dropped(hosts_netns: list[str]) -> int:
 
 
 def main(answer_fd: str) -> int:
-    """The helper: set up the namespace's links as the parent's first request says, then serve its requests."""
+    """The helper: set up the namespace's links as the parent's first request says (unshaped where its rate is
+    None, until a ``shape`` request), then serve its requests."""
     answers = os.fdopen(int(answer_fd), "w")
 
     def answer(**out) -> None:
@@ -90,11 +94,10 @@ def main(answer_fd: str) -> int:
     holders: list[subprocess.Popen] = []  # the emulated hosts' namespaces live as long as these
     try:
         try:
-            if setup["hosts"] == 1:
-                _shape_loopback(setup["rate_mbit"] * setup["world_size"])
-                hosts_netns = []
-            else:
-                hosts_netns = _emulate_hosts(setup["rate_mbit"], setup["hosts"], holders)
+            _configure([IP, "link", "set", "lo", "up"])
+            hosts_netns = _emulate_hosts(setup["hosts"], holders) if setup["hosts"] > 1 else []
+            if setup["rate_mbit"] is not None:
+                _shape(setup["rate_mbit"], setup["world_size"], hosts_netns)
         except (NetemUnavailable, OSError, subprocess.SubprocessError) as exc:
             answer(status="setup_error", message=str(exc))
             return 2
@@ -120,6 +123,10 @@ def _serve(setup: dict, answer, hosts_netns: list[str]) -> int:
         for line in sys.stdin:  # one request per line until the parent closes our stdin
             req = json.loads(line)
             try:
+                if "shape" in req:
+                    _shape(req["shape"], world_size, hosts_netns)
+                    answer(status="ok", results=None, dropped=0)
+                    continue
                 results = pool.run(import_name(req["fn"]), decode(req["args"]), req["deadline_s"])
             except LaunchError as exc:
                 answer(status="launch_error", message=str(exc), crashed=list(exc.crashed))

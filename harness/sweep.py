@@ -83,28 +83,50 @@ class _Pools(dict):
         self.stack = stack
 
     def get_for(self, cfg: PointConfig, rate_mbit: float | None, fresh: bool = False):
-        hosts = getattr(cfg, "hosts", 1)
-        malloc = getattr(cfg, "malloc", "default")
-        key = (rate_mbit, cfg.world_size, cfg.backend, cfg.timeout_s, cfg.threads_per_rank, hosts, malloc)
+        key = self._key(cfg, rate_mbit)
         if fresh and key in self:
             self.pop(key).close()
         if key not in self:
-            if self and available_memory_fraction() < self.MIN_AVAILABLE:
-                for other in list(self):
-                    self.pop(other).close()
-            how = dict(timeout_s=cfg.timeout_s, threads=cfg.threads_per_rank, env=rank_env(malloc, rate_mbit))
-            pool = (RankPool(cfg.world_size, cfg.backend, **how) if rate_mbit is None else
-                    netem.NamespacePool(cfg.world_size, cfg.backend, rate_mbit=rate_mbit, hosts=hosts, **how))
-            self[key] = self.stack.enter_context(pool)
+            self[key] = self._new(cfg, rate_mbit, emulated=rate_mbit is not None)
         return self[key]
 
+    def point_rate(self, cfg: PointConfig) -> tuple[float | None, float]:
+        """:func:`harness.autorate.point_rate`, ``net=auto``'s backward timed on the ranks that will run behind
+        the rate: a pool started with its link unshaped, then shaped at the rate found and kept for the points."""
+        unshaped = []
 
-def rank_env(malloc: str, rate_mbit: float | None) -> dict[str, str]:
+        def run(fn, args):
+            unshaped.append(self._new(cfg, None, emulated=True))
+            return unshaped[0].run(fn, args)
+
+        rate_mbit, backward_ms = autorate.point_rate(cfg, run)
+        if unshaped:
+            unshaped[0].shape(rate_mbit)
+            self[self._key(cfg, rate_mbit)] = unshaped[0]
+        return rate_mbit, backward_ms
+
+    @staticmethod
+    def _key(cfg: PointConfig, rate_mbit: float | None) -> tuple:
+        return (rate_mbit, cfg.world_size, cfg.backend, cfg.timeout_s, cfg.threads_per_rank, getattr(cfg, "hosts", 1),
+                getattr(cfg, "malloc", "default"))
+
+    def _new(self, cfg: PointConfig, rate_mbit: float | None, emulated: bool):
+        if self and available_memory_fraction() < self.MIN_AVAILABLE:
+            for other in list(self):
+                self.pop(other).close()
+        malloc = getattr(cfg, "malloc", "default")
+        how = dict(timeout_s=cfg.timeout_s, threads=cfg.threads_per_rank, env=rank_env(malloc, emulated))
+        pool = (netem.NamespacePool(cfg.world_size, cfg.backend, rate_mbit=rate_mbit, hosts=getattr(cfg, "hosts", 1),
+                                    **how) if emulated else RankPool(cfg.world_size, cfg.backend, **how))
+        return self.stack.enter_context(pool)
+
+
+def rank_env(malloc: str, emulated: bool) -> dict[str, str]:
     """What a pool sets in its ranks' environment: the allocator's settings and, behind an emulated link, c10d's
     C++ log kept to errors (unless the user set a level). Those ranks run in a network namespace without DNS, where
     every rank's store client warns that "the hostname of the client socket cannot be retrieved" when it names its
     own loopback address (``::ffff:127.0.0.1``, which /etc/hosts does not list): noise on every run, nothing wrong."""
-    quiet = {} if rate_mbit is None or "TORCH_CPP_LOG_LEVEL" in os.environ else {"TORCH_CPP_LOG_LEVEL": "ERROR"}
+    quiet = {} if not emulated or "TORCH_CPP_LOG_LEVEL" in os.environ else {"TORCH_CPP_LOG_LEVEL": "ERROR"}
     return {**MALLOC_ENV[malloc], **quiet}
 
 
@@ -117,7 +139,8 @@ def _measure(cfgs: list[PointConfig], deadline_s: float | None, pools: _Pools, f
         fn = {TrainConfig: run_training_point, ConvergenceConfig: run_convergence_point,
               AllreduceConfig: run_allreduce_point}[type(cfgs[0])]
     cfg = cfgs[0]
-    rate_mbit, auto_backward_ms = autorate.point_rate(cfg)  # None = plain loopback; auto is measured (cached)
+    # None = plain loopback; auto is measured (cached), on the pool's ranks unless torchrun started them
+    rate_mbit, auto_backward_ms = autorate.point_rate(cfg) if in_place() else pools.point_rate(cfg)
     task, args = (fn, (cfg, *fn_args)) if fn else (run_training_points, (cfgs,))
     deadline_s = deadline_s and deadline_s * len(cfgs)
     if in_place():

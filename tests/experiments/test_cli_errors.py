@@ -160,10 +160,10 @@ def test_ranks_that_cannot_fit_in_memory_are_refused_with_the_numbers(monkeypatc
 
 def test_ranks_behind_an_emulated_link_keep_c10d_quiet_unless_the_user_set_a_level(monkeypatch):
     monkeypatch.delenv("TORCH_CPP_LOG_LEVEL", raising=False)
-    assert sweep.rank_env("default", 500.0) == {"TORCH_CPP_LOG_LEVEL": "ERROR"}
-    assert "TORCH_CPP_LOG_LEVEL" not in sweep.rank_env("retain", None)  # loopback: no namespace, nothing to quiet
+    assert sweep.rank_env("default", True) == {"TORCH_CPP_LOG_LEVEL": "ERROR"}
+    assert "TORCH_CPP_LOG_LEVEL" not in sweep.rank_env("retain", False)  # loopback: no namespace, nothing to quiet
     monkeypatch.setenv("TORCH_CPP_LOG_LEVEL", "INFO")
-    assert sweep.rank_env("default", 500.0) == {}
+    assert sweep.rank_env("default", True) == {}
 
 
 # --------------------------------------------------------------------------- each entry point, as a user types it

@@ -88,6 +88,21 @@ def test_emulated_hosts_shape_only_the_traffic_between_hosts():
 
 
 @needs_netem
+def test_a_pool_started_unshaped_limits_its_hosts_links_once_shaped():
+    """``net=auto`` times its backward on a pool's ranks before their links are shaped: the links are free until
+    then, and after :meth:`NamespacePool.shape` limited between hosts as if the pool had started shaped."""
+    wire_ms = 4 * 2**20 * 8 / 200e6 * 1e3
+    with netem.NamespacePool(4, "gloo", rate_mbit=None, timeout_s=60, threads=1, hosts=2) as pool:
+        free = {r["pair"]: r["ms"] for rank in pool.run(_transfer_ms, (None,)) for r in rank}
+        pool.shape(200)
+        shaped = {r["pair"]: r["ms"] for rank in pool.run(_transfer_ms, (None,)) for r in rank}
+        with pytest.raises(ValueError, match="already shaped at 200 Mbit/s"):
+            pool.shape(100)
+    assert free["1->2"] < wire_ms / 5, free
+    assert abs(shaped["1->2"] / wire_ms - 1) < 0.2 and shaped["0->1"] < wire_ms / 5, shaped
+
+
+@needs_netem
 def test_faults_across_emulated_hosts_are_stored_as_errors_and_the_sweep_goes_on(tmp_path):
     """A rank SIGKILLed mid-run, and its host's link taken down mid-run: every rank on both hosts ends within the
     process-group timeout, each point is stored as an error, and the next point on the same pool settings measures
@@ -141,18 +156,18 @@ def test_a_namespace_pool_reuses_its_ranks_and_restarts_after_a_failure():
 @needs_netem
 def test_auto_measures_records_and_caches_a_rate(monkeypatch):
     launches = []
-    real_launch = autorate.launch
+    real_run = netem.NamespacePool.run
 
-    def counting_launch(fn, *args, **kwargs):
-        launches.append(fn.__name__)
-        return real_launch(fn, *args, **kwargs)
+    def counting_run(pool, fn, *args, **kwargs):
+        launches.append((fn.__name__, pool.setup["rate_mbit"]))
+        return real_run(pool, fn, *args, **kwargs)
 
-    monkeypatch.setattr(autorate, "launch", counting_launch)  # what autorate.measure_backward calls
+    monkeypatch.setattr(netem.NamespacePool, "run", counting_run)
+    monkeypatch.setattr(autorate, "launch", None)  # no launch of its own: the backward is timed on the pool's ranks
     autorate._backward_cache.clear()
     cfg = TrainConfig(model="small", profile="cpu", backend="gloo", world_size=2, iters=2, warmup=1,
                       threads_per_rank=1, net="auto", timeout_s=60)
     rows = run_point(cfg)
-    assert launches == ["_time_backward"]
     rates = {r["net_rate_mbit"] for r in rows}
     assert len(rates) == 1 and {r["net"] for r in rows} == {"auto"}
     rate = rates.pop()
@@ -160,15 +175,17 @@ def test_auto_measures_records_and_caches_a_rate(monkeypatch):
     assert math.isfinite(rate) and rate > 0 and backward_ms > 0
     bus_bits = bus_factor(2) * rows[0]["num_params"] * 4 * 8
     assert rate == pytest.approx(bus_bits / 1e6 / (backward_ms / 1e3))  # one allreduce takes one backward
+    # timed on the unshaped pool, whose ranks then ran the point behind the rate found
+    assert launches == [("_time_backward", None), ("run_training_point", rate)]
     other = validate(TrainConfig(model="small", profile="cpu", backend="gloo", world_size=2, bucket_cap_mb=1,
                                  threads_per_rank=1, net="auto"))
-    assert autorate.point_rate(other) == (rate, backward_ms) and launches == ["_time_backward"]  # cached
+    assert autorate.point_rate(other) == (rate, backward_ms) and len(launches) == 2  # cached
 
 
 def test_auto_rate_formula_and_reference_model(monkeypatch):
     asked = []
 
-    def fake(model, profile, batch_size, threads, ranks):
+    def fake(model, profile, batch_size, threads, ranks, run=None):
         asked.append((model, profile, batch_size, threads, ranks))
         return {"backward_ms": 100.0, "grad_bytes": 100_000_000}
 
