@@ -48,10 +48,11 @@ from .comm import AlphaBeta, concurrent_calls, fit_link
 from .iteration import ComputeProfile, buckets_for, simulate
 from .probe import compute_rank, median, probe_rank
 
-VERSION = 11  # changes whenever what the probe measures, or how, changes: a stored calibration of another version is
+VERSION = 12  # changes whenever what the probe measures, or how, changes: a stored calibration of another version is
 #               refused (Calibration.load), so a prediction never mixes numbers measured two ways
 # earlier versions whose files differ only by fields added since, whose defaults give what they predicted then
-EARLIER_READABLE = {10: "no host cost (0: the probe did not measure it)"}
+EARLIER_READABLE = {10: "no host cost (0: the probe did not measure it)",
+                    11: "3 latency passes and 3 contention pairs (9 and 7 since)"}
 STORED_LINK_RATE_TOLERANCE = 0.01  # make fig2's calls stand in for the probe's on a link rate within 1% of the point's
 
 

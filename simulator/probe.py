@@ -22,8 +22,10 @@ from . import host_cost
 from .comm import MIB, AlphaBeta, fit_link
 
 PROBE_SIZES = (4 * 1024, 64 * 1024, MIB, 8 * MIB, 32 * MIB, 128 * MIB)  # bytes per allreduce call, up to ...
-LATENCY_ITERS = 3  # backward passes with one allreduce per gradient (after one that warms them up)
-CONTENTION_PAIRS = 3  # (backward alone, backward under an allreduce) pairs
+# backward passes with one allreduce per gradient (after one that warms them up): with 3, the per-call latency fitted
+# to their median moved 1.07-1.75 ms between probes of tiny-layers' 400 gradients on 2 cores; with 9, 1.14-1.20 ms
+LATENCY_ITERS = 9
+CONTENTION_PAIRS = 7  # (backward alone, backward under an allreduce) pairs; their compute halves join compute's
 PROBE_CALLS = 3  # timed calls per size, after one warm-up call (2 for calls of 32 MiB and more)
 MAX_COVER_BYTES = 512 * 1024 * 1024  # the contention probe's allreduce never allocates more
 STORED_LINK_LARGEST = 64 * MIB  # stored calls stand in for the probe's if their largest is min(gradient, this): an
