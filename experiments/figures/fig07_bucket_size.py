@@ -32,7 +32,7 @@ class Config(common.ModelSweep):
     world_size: int = 2
     bucket_caps_mb: tuple[float, ...] = (0, 1, 5, 25, 100, 1000)
     impl: str = "ours"
-    iters: int = 3  # per repetition: 3 repetitions x (2 + 3) keep `make fig7` under 10 minutes on 2 cores (README)
+    iters: int = 3  # per repetition: 3 repetitions x (2 + 3) keep `make fig7` under 9 minutes on 2 cores (README)
     warmup: int = 2  # the first iteration rebuilds the buckets; the second, first on them, still runs slow
     cluster: str = paper_scale.DEFAULT_CLUSTER  # the simulated panel at the paper's scale ('' = none)
 
