@@ -19,7 +19,8 @@ training):
   probe skips its own;
 * latency: backward passes that launch one allreduce per gradient, of its size, as it becomes ready (DDP's
   calls at cap 0, without DDP); the per-call cost is the one with which the simulator, given the link's cost
-  per byte, reproduces when the last call finished (:func:`latency_from_calls`);
+  per byte, reproduces when the last call finished, and the share of the calls' latency that slows compute the one
+  with which it reproduces when backward's compute ended beside them (:func:`fit_calls`);
 * contention: the backward alone and while one allreduce long enough to cover it runs, in pairs (what overlap
   costs the slowest rank's compute where communication runs on the same cores, and what the compute costs the
   allreduce's bytes);
@@ -48,11 +49,13 @@ from .comm import AlphaBeta, concurrent_calls, fit_link
 from .iteration import ComputeProfile, buckets_for, simulate
 from .probe import compute_rank, median, probe_rank
 
-VERSION = 12  # changes whenever what the probe measures, or how, changes: a stored calibration of another version is
+VERSION = 13  # changes whenever what the probe measures, or how, changes: a stored calibration of another version is
 #               refused (Calibration.load), so a prediction never mixes numbers measured two ways
 # earlier versions whose files differ only by fields added since, whose defaults give what they predicted then
 EARLIER_READABLE = {10: "no host cost (0: the probe did not measure it)",
-                    11: "3 latency passes and 3 contention pairs (9 and 7 since)"}
+                    11: "3 latency passes and 3 contention pairs (9 and 7 since)",
+                    12: "no latency contention (0: calls waiting out their latency cost compute nothing)"}
+FIT_ROUNDS = 30  # at most, of fit_calls' turns
 STORED_LINK_RATE_TOLERANCE = 0.01  # make fig2's calls stand in for the probe's on a link rate within 1% of the point's
 
 
@@ -152,6 +155,45 @@ def latency_from_calls(profile: ComputeProfile, done_ms: float, world_size: int,
     return (lo + hi) / 2
 
 
+def latency_share_from_calls(profile: ComputeProfile, backward_ms: float, world_size: int, comm: AlphaBeta,
+                             concurrent: int = 1) -> float:
+    """The ``latency_contention`` with which the simulator's backward compute, beside one allreduce per gradient
+    launched as each is ready, ends at ``backward_ms`` as measured (0 to 1; 0 without contention)."""
+    buckets = buckets_for(profile, 0.0)
+
+    def compute_end(share: float) -> float:
+        return simulate(replace(profile, latency_contention=share), buckets, comm, world_size,
+                        concurrent=concurrent).compute_end_ms
+
+    if world_size < 2 or not profile.contention or compute_end(0.0) >= backward_ms:
+        return 0.0
+    if compute_end(1.0) <= backward_ms:
+        return 1.0
+    lo, hi = 0.0, 1.0
+    while hi - lo > 1e-3:
+        mid = (lo + hi) / 2
+        lo, hi = (mid, hi) if compute_end(mid) < backward_ms else (lo, mid)
+    return (lo + hi) / 2
+
+
+def fit_calls(profile: ComputeProfile, done_ms: float, backward_ms: float, world_size: int, concurrent: int = 1,
+              beta_ms_per_byte: float = 0.0) -> tuple[float, float]:
+    """``(alpha, latency_contention)`` from the probe's calls inside backward: alpha reproduces when the last call
+    finished, the share when backward's compute ended beside them. Each moves the other (a slower compute readies
+    gradients later, so the calls need less latency to end when they did): fitted in turn until both settle."""
+    alpha, share = latency_from_calls(profile, done_ms, world_size, concurrent, beta_ms_per_byte), 0.0
+    for _ in range(FIT_ROUNDS):
+        share_now = latency_share_from_calls(profile, backward_ms, world_size, AlphaBeta(alpha, beta_ms_per_byte),
+                                             concurrent)
+        alpha_now = latency_from_calls(replace(profile, latency_contention=share_now), done_ms, world_size,
+                                       concurrent, beta_ms_per_byte)
+        settled = abs(share_now - share) <= 1e-3 and abs(alpha_now - alpha) <= 1e-3 * alpha
+        alpha, share = alpha_now, share_now
+        if settled:
+            break
+    return alpha, share
+
+
 def slowest_rank_contention(pairs_by_rank) -> float:
     """How much communication slows backward where DDP feels it: per contention pair, the slowest rank's backward
     under the allreduce over the slowest rank's backward alone, median over the pairs (0 without pairs). Ranks
@@ -204,10 +246,13 @@ def calibrate(cfg: TrainConfig, root=None) -> Calibration:
                              comm_contention=median(r["comm_contention"] for r in rows))
     samples = [tuple(s) for s in rows[0]["comm_samples"]]
     fit, ring, calls_done = None, None, median(r["calls_done_ms"] for r in rows)
+    calls_backward = max(r["calls_backward_ms"] for r in rows)  # the slowest rank's, as the profile's backward
     if cfg.world_size > 1:  # the bytes' cost from the link's calls, the per-call cost from the calls in backward
         ring = fit_link(samples)
         beta = ring.model.beta_ms_per_byte
-        alpha = latency_from_calls(profile, calls_done, cfg.world_size, concurrent_calls(rows[0]["backend"]), beta)
+        alpha, share = fit_calls(profile, calls_done, calls_backward, cfg.world_size,
+                                 concurrent_calls(rows[0]["backend"]), beta)
+        profile = replace(profile, latency_contention=share)
         fit = fit_link(samples, alpha_ms=alpha)
     point = {**config_columns(cfg), "net_rate_mbit": rows[0].get("net_rate_mbit"), "process_group": rows[0]["backend"]}
     now = datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")
@@ -220,7 +265,7 @@ def calibrate(cfg: TrainConfig, root=None) -> Calibration:
                       median_abs_pct_error=ring.median_abs_pct_error, worst_abs_pct_error=ring.worst_abs_pct_error),
         # the model used (alpha from the calls inside backward) against the same calls
         r2=fit.r2, median_abs_pct_error=fit.median_abs_pct_error, worst_abs_pct_error=fit.worst_abs_pct_error,
-        calls_done_ms=calls_done,  # what alpha reproduces: kept to re-derive it
+        calls_done_ms=calls_done, calls_backward_ms=calls_backward,  # what alpha and the share reproduce
         host_cost=[r["host_cost"] for r in rows])  # each rank's stand-in backwards and what they gave
     host = _slowest_host_cost(rows)
     return Calibration(profile=profile, comm=fit.model if fit else AlphaBeta(0.0, 0.0), **_copy_and_ddp(rows),

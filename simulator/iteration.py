@@ -1,7 +1,9 @@
 """One DDP iteration as an event simulation, from compute-only timings and a communication model.
 
 Backward produces gradients at the profile's ``ready_ms`` (slowed by ``contention`` while an allreduce moves
-bytes, as compute and communication share the host's cores; a call waiting out its latency does not). A bucket
+bytes, as compute and communication share the host's cores; while calls only wait out their latency, by the
+``latency_contention`` share of it: none where latency is waiting, as on a GPU, most where it is the CPU work of
+ranks that saturate the cores). A bucket
 is ready with its last gradient and launches in index order (DDP's rule: every rank must issue the same
 allreduces in the same order); bucket b goes to process group b % groups (round-robin process groups), whose
 calls run in launch order, up to ``concurrent`` at a time (Gloo's process group runs 2 worker threads, so two
@@ -31,7 +33,9 @@ class ComputeProfile:
     ``ready_ms[i]``: when parameter i's gradient is ready, from the start of backward, with no communication
     running; ``other_ms``: per-iteration time outside the named phases; ``contention``: while any allreduce moves
     bytes, backward compute runs at rate 1/(1+contention) (on CPU, e.g. backward 190 -> 246 ms with overlap);
-    ``comm_contention``: the other way round, the allreduce's bytes while backward computes (both share cores).
+    ``comm_contention``: the other way round, the allreduce's bytes while backward computes (both share cores);
+    ``latency_contention``: the share of ``contention`` compute suffers while calls are in their latency only (on 2
+    cores shared by 2 ranks, each bucket's small call beyond one slowed backward's compute by 0.7-1.2 ms).
     """
 
     param_bytes: tuple[int, ...]
@@ -42,6 +46,7 @@ class ComputeProfile:
     other_ms: float = 0.0
     contention: float = 0.0
     comm_contention: float = 0.0  # while backward computes, allreduce bytes move at rate 1/(1+comm_contention)
+    latency_contention: float = 0.0  # in [0, 1]
 
     def __post_init__(self):
         object.__setattr__(self, "param_bytes", tuple(int(b) for b in self.param_bytes))
@@ -49,9 +54,11 @@ class ComputeProfile:
         if len(self.param_bytes) != len(self.ready_ms):
             raise ValueError(f"{len(self.param_bytes)} parameter sizes but {len(self.ready_ms)} ready times")
         times = (*self.ready_ms, self.backward_ms, self.forward_ms, self.optimizer_ms, self.other_ms, self.contention,
-                 self.comm_contention)
+                 self.comm_contention, self.latency_contention)
         if min(self.param_bytes, default=0) < 0 or any(not (math.isfinite(t) and t >= 0) for t in times):
             raise ValueError("sizes, times and contention must be finite and >= 0")
+        if self.latency_contention > 1:
+            raise ValueError(f"latency_contention is a share, got {self.latency_contention}")
         if max(self.ready_ms, default=0.0) > self.backward_ms:
             raise ValueError(f"a gradient is ready after backward ends ({max(self.ready_ms)} > {self.backward_ms})")
 
@@ -85,6 +92,7 @@ class Prediction:
     total_ms: float
     forward_ms: float
     backward_ms: float
+    compute_end_ms: float  # backward's compute, slowed by the calls running beside it
     comm_ms: float
     exposed_comm_ms: float
     optimizer_ms: float
@@ -134,7 +142,8 @@ def _backward(p: ComputeProfile, buckets, comm: CommModel, world_size: int, over
         if compute_end is not None and not running:
             return ready, launch, start, done, compute_end
         sharing = sum(1 for job in running.values() if job[1] <= 0)  # calls moving bytes
-        rate = 1.0 / (1.0 + p.contention) if sharing else 1.0  # a call waiting out its latency costs no CPU
+        busy = 1.0 if sharing else p.latency_contention if running else 0.0  # calls in their latency only
+        rate = 1.0 / (1.0 + p.contention * busy)
         slow = 1.0 + p.comm_contention if compute_end is None else 1.0  # bytes move slower while compute runs
         steps = [job[1] if job[1] > 0 else job[2] * sharing * slow for job in running.values()]
         if compute_end is None:
@@ -167,7 +176,8 @@ def simulate(profile: ComputeProfile, buckets: list[Bucket], comm: CommModel, wo
     synced = p.forward_ms + backward + p.optimizer_ms + p.other_ms
     local = p.forward_ms + p.backward_ms + p.other_ms
     return Prediction(total_ms=(synced + (sync_every - 1) * local) / sync_every, forward_ms=p.forward_ms,
-                      backward_ms=backward, comm_ms=max(done) - min(launch) if launch else 0.0,
+                      backward_ms=backward, compute_end_ms=compute_end,
+                      comm_ms=max(done) - min(launch) if launch else 0.0,
                       exposed_comm_ms=backward - p.backward_ms, optimizer_ms=p.optimizer_ms, synced_ms=synced,
                       local_ms=local, ready_ms=tuple(ready), launch_ms=tuple(launch), start_ms=tuple(start),
                       done_ms=tuple(done))

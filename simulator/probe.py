@@ -125,14 +125,14 @@ def probe_rank(ctx, cfg: TrainConfig, full: bool = True, link: tuple = ()) -> li
     probe = _RankProbe(ctx, cfg)
     before_ddp = probe.measured(probe.iteration) if full else []  # compute before any DDP iteration, for the record
     runs = probe.measured(probe.after_ddp)
-    found = dict(comm_samples=[], link="probed", calls_done_ms=math.nan, contention_pairs=[], comm_contention=0.0,
-                 host_cost={})
+    found = dict(comm_samples=[], link="probed", calls_done_ms=math.nan, calls_backward_ms=math.nan,
+                 contention_pairs=[], comm_contention=0.0, host_cost={})
     copy_ms_per_byte = _copy_ms_per_byte(probe)
     if full:  # a refresh (compute_rank) re-times only the compute above
         found.update(_link_samples(probe, link))
         if ctx.world_size > 1:
             comm = fit_link(found["comm_samples"]).model
-            found["calls_done_ms"] = _calls_in_backward(probe)
+            found["calls_done_ms"], found["calls_backward_ms"] = _calls_in_backward(probe)
             pairs, found["comm_contention"] = _contention(probe, comm, runs)
             found["contention_pairs"] = [(alone["backward"], under["backward"]) for alone, under in pairs]
             # The compute-only halves join the first iterations: a host's speed moves within minutes, and one slow
@@ -175,14 +175,14 @@ def _link_samples(probe: _RankProbe, link: tuple) -> dict:
     return dict(comm_samples=samples, link="probed")
 
 
-def _calls_in_backward(probe: _RankProbe) -> float:
+def _calls_in_backward(probe: _RankProbe) -> tuple[float, float]:
     """When the last of one allreduce per gradient, each launched as its gradient became ready, completed (ms from
-    backward's start; median over the passes). What a call costs where DDP pays it: inside backward, carrying the
+    backward's start), and when backward's compute ended beside those calls (medians over the passes). What a call costs where DDP pays it: inside backward, carrying the
     gradient's bytes, while the ranks' compute threads hold the cores. Small calls alone (between barriers, back to
     back, or inside backward) cost per call a factor 2-5 apart between rank counts and runs on 2 cores, and several
     times what a call costs DDP while bytes flow. The first pass warms up."""
     streams = [probe.iteration(calls=True) for _ in range(1 + LATENCY_ITERS)][1:]
-    return median(r["calls_done"] for r in streams)
+    return median(r["calls_done"] for r in streams), median(r["backward"] for r in streams)
 
 
 def _contention(probe: _RankProbe, comm: AlphaBeta, runs: list[dict]) -> tuple[list, float]:

@@ -84,6 +84,8 @@ def test_predict_command_probes_stores_and_reuses_a_calibration(tmp_path):
     before_ddp = cal.compute_before_ddp
     assert set(before_ddp) == {"forward_ms", "backward_ms", "optimizer_ms"} and before_ddp["backward_ms"] > 0
     assert cal.fit["calls_done_ms"] > 0  # what alpha was derived from, kept so that a later model can re-derive it
+    # and when backward's compute ended beside those calls, which gave the share of their latency that slows it
+    assert cal.fit["calls_backward_ms"] > 0 and 0 <= cal.profile.latency_contention <= 1
     # DDP's host work from the stand-in on each rank, the slowest rank's kept. A launch per bucket costs far above
     # noise (400 buckets: ~5x the backward); what DDP's hook adds over a hook that stamps is near it on a CPU
     # (0-9 us a gradient across runs, so an honest zero where the medians' difference falls below the launches')

@@ -1,11 +1,13 @@
 """The simulator's math against answers worked out by hand (in the comments)."""
+from dataclasses import replace
+
 import numpy as np
 import pytest
 import torch
 
 from ddp_impl.buckets import MIB, ParamSpec, assign_buckets
 from simulator import AlphaBeta, ComputeProfile, TwoTier, buckets_for, fit_ring, simulate
-from simulator.calibrate import latency_from_calls
+from simulator.calibrate import fit_calls, latency_from_calls, latency_share_from_calls
 
 # p = 2: a call costs 2(p-1)*alpha + 2(p-1)/p * n * beta = 2*0.5 + 1 * 400 * 0.01 = 1 ms latency + 4 ms of bytes
 COMM = AlphaBeta(alpha_ms=0.5, beta_ms_per_byte=0.01)
@@ -155,6 +157,28 @@ def test_latency_from_calls_inverts_the_simulator():
     assert latency_from_calls(spread, 19.0, 2) == 0.0
     assert latency_from_calls(two, 7.0, 2, beta_ms_per_byte=0.01) == 0.0
     assert latency_from_calls(spread, 23.0, 1) == 0.0
+
+
+def test_calls_waiting_out_their_latency_slow_compute_by_the_latency_share():
+    # contention 1: compute at half speed beside calls moving bytes; here the calls only wait out 2 * 1.5 ms each.
+    # Share 0.5: compute at rate 1/1.5 while one runs. Gradient 2 ready at 0: its call 0-3 ms, compute reaches 2;
+    # gradient 1 at 10 (t = 11): call 11-14, compute 10 -> 12; backward's compute ends at 20 + 2 = 22 ms, and the
+    # last call (gradient 0, ready then) ends at 25. Share 1 (rate 1/2): 1.5 lost per call -> 23; share 0 -> 20.
+    spread = ComputeProfile((4, 4, 4), ready_ms=(20.0, 10.0, 0.0), backward_ms=20.0, forward_ms=0.0,
+                            optimizer_ms=0.0, contention=1.0)
+    latency = AlphaBeta(1.5, 0.0)
+    ends = [simulate(replace(spread, latency_contention=s), buckets_for(spread, 0.0), latency, 2)
+            for s in (0.0, 0.5, 1.0)]
+    assert [p.compute_end_ms for p in ends] == [pytest.approx(20.0), pytest.approx(22.0), pytest.approx(23.0)]
+    assert ends[1].backward_ms == pytest.approx(25.0)
+    assert latency_share_from_calls(spread, 22.0, 2, latency) == pytest.approx(0.5, abs=2e-3)
+    assert latency_share_from_calls(spread, 30.0, 2, latency) == 1.0  # at most all of it
+    assert latency_share_from_calls(spread, 19.0, 2, latency) == 0.0
+    assert latency_share_from_calls(replace(spread, contention=0.0), 22.0, 2, latency) == 0.0  # nothing contends
+    # both from the calls' end and the compute's: alpha 1.5 and share 0.5 back
+    assert fit_calls(spread, 25.0, 22.0, 2) == (pytest.approx(1.5, rel=5e-3), pytest.approx(0.5, abs=5e-3))
+    with pytest.raises(ValueError, match="a share"):
+        replace(spread, latency_contention=1.5)
 
 
 def test_contention_slows_compute():
