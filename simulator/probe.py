@@ -22,6 +22,9 @@ from . import host_cost
 from .comm import MIB, AlphaBeta, fit_link
 
 PROBE_SIZES = (4 * 1024, 64 * 1024, MIB, 8 * MIB, 32 * MIB, 128 * MIB)  # bytes per allreduce call, up to ...
+# ... at least the first three: a line through two latency-bound sizes left the cost per byte to noise (tiny-layers'
+# 0.4 MiB gradient on loopback: 0 in most probes, 0.14 Gbit/s in one, r2 0.40)
+MIN_PROBE_SIZES = 3
 # backward passes with one allreduce per gradient (after one that warms them up): with 3, the per-call latency fitted
 # to their median moved 1.07-1.75 ms between probes of tiny-layers' 400 gradients on 2 cores; with 9, 1.14-1.20 ms
 LATENCY_ITERS = 9
@@ -167,7 +170,7 @@ def _link_samples(probe: _RankProbe, link: tuple) -> dict:
     if max((n for _, n, _ in link), default=0) >= min(probe.grad_bytes, STORED_LINK_LARGEST):
         return dict(comm_samples=list(link), link="stored")
     samples = []
-    for nbytes in [n for n in PROBE_SIZES if n < 2 * probe.grad_bytes] or PROBE_SIZES[:2]:
+    for nbytes in PROBE_SIZES[:max(MIN_PROBE_SIZES, sum(n < 2 * probe.grad_bytes for n in PROBE_SIZES))]:
         n = nbytes // 4
         calls = AllreduceConfig(backend=ctx.backend, world_size=ctx.world_size, total_params=n, params_per_call=n,
                                 iters=PROBE_CALLS if nbytes < 32 * MIB else 2, warmup=1)
