@@ -32,7 +32,8 @@ def _shape(rate_mbit: float, world_size: int, hosts_netns: list[str]) -> None:
     if not hosts_netns:
         _configure([TC, "qdisc", "add", "dev", "lo", "root", *tbf_args(rate_mbit * world_size).split()])
     for netns in hosts_netns:
-        _configure(_in_netns(netns, [TC, "qdisc", "add", "dev", HOST_INTERFACE, "root", *tbf_args(rate_mbit).split()]))
+        nic = [TC, "qdisc", "add", "dev", HOST_INTERFACE, "root", *tbf_args(rate_mbit).split()]
+        _configure(_in_netns(netns, nic))
 
 
 HOST_INTERFACE = "eth0"  # an emulated host's one interface, as on a real server

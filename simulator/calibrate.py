@@ -148,10 +148,16 @@ def latency_from_calls(profile: ComputeProfile, done_ms: float, world_size: int,
 
     if world_size < 2 or last_done(0.0) >= done_ms:
         return 0.0
-    lo, hi = 0.0, concurrent * done_ms / (2 * (world_size - 1))  # one call alone at hi already takes done_ms
-    while hi - lo > 1e-3 * hi:
+    hi = concurrent * done_ms / (2 * (world_size - 1))  # one call alone at hi already takes done_ms
+    return _bisect(last_done, done_ms, hi, 1e-3 * hi)
+
+
+def _bisect(fn, target: float, hi: float, tolerance: float) -> float:
+    """The x in [0, hi] where the increasing ``fn`` reaches ``target``."""
+    lo = 0.0
+    while hi - lo > tolerance:
         mid = (lo + hi) / 2
-        lo, hi = (mid, hi) if last_done(mid) < done_ms else (lo, mid)
+        lo, hi = (mid, hi) if fn(mid) < target else (lo, mid)
     return (lo + hi) / 2
 
 
@@ -169,11 +175,7 @@ def latency_share_from_calls(profile: ComputeProfile, backward_ms: float, world_
         return 0.0
     if compute_end(1.0) <= backward_ms:
         return 1.0
-    lo, hi = 0.0, 1.0
-    while hi - lo > 1e-3:
-        mid = (lo + hi) / 2
-        lo, hi = (mid, hi) if compute_end(mid) < backward_ms else (lo, mid)
-    return (lo + hi) / 2
+    return _bisect(compute_end, backward_ms, 1.0, 1e-3)
 
 
 def fit_calls(profile: ComputeProfile, done_ms: float, backward_ms: float, world_size: int, concurrent: int = 1,

@@ -180,10 +180,11 @@ def _link_samples(probe: _RankProbe, link: tuple) -> dict:
 
 def _calls_in_backward(probe: _RankProbe) -> tuple[float, float]:
     """When the last of one allreduce per gradient, each launched as its gradient became ready, completed (ms from
-    backward's start), and when backward's compute ended beside those calls (medians over the passes). What a call costs where DDP pays it: inside backward, carrying the
-    gradient's bytes, while the ranks' compute threads hold the cores. Small calls alone (between barriers, back to
-    back, or inside backward) cost per call a factor 2-5 apart between rank counts and runs on 2 cores, and several
-    times what a call costs DDP while bytes flow. The first pass warms up."""
+    backward's start), and when backward's compute ended beside those calls (medians over the passes). What a call
+    costs where DDP pays it: inside backward, carrying the gradient's bytes, while the ranks' compute threads hold
+    the cores. Small calls alone (between barriers, back to back, or inside backward) cost per call a factor 2-5
+    apart between rank counts and runs on 2 cores, and several times what a call costs DDP while bytes flow. The
+    first pass warms up."""
     streams = [probe.iteration(calls=True) for _ in range(1 + LATENCY_ITERS)][1:]
     return median(r["calls_done"] for r in streams), median(r["backward"] for r in streams)
 
