@@ -149,13 +149,13 @@ def latency_from_calls(profile: ComputeProfile, done_ms: float, world_size: int,
     if world_size < 2 or last_done(0.0) >= done_ms:
         return 0.0
     hi = concurrent * done_ms / (2 * (world_size - 1))  # one call alone at hi already takes done_ms
-    return _bisect(last_done, done_ms, hi, 1e-3 * hi)
+    return _bisect(last_done, done_ms, hi, rel=1e-3)
 
 
-def _bisect(fn, target: float, hi: float, tolerance: float) -> float:
-    """The x in [0, hi] where the increasing ``fn`` reaches ``target``."""
+def _bisect(fn, target: float, hi: float, rel: float = 0.0, abs_: float = 0.0) -> float:
+    """The x in [0, hi] where the increasing ``fn`` reaches ``target``, to ``abs_`` or ``rel`` x the bracket's top."""
     lo = 0.0
-    while hi - lo > tolerance:
+    while hi - lo > max(abs_, rel * hi):
         mid = (lo + hi) / 2
         lo, hi = (mid, hi) if fn(mid) < target else (lo, mid)
     return (lo + hi) / 2
@@ -175,7 +175,7 @@ def latency_share_from_calls(profile: ComputeProfile, backward_ms: float, world_
         return 0.0
     if compute_end(1.0) <= backward_ms:
         return 1.0
-    return _bisect(compute_end, backward_ms, 1.0, 1e-3)
+    return _bisect(compute_end, backward_ms, 1.0, abs_=1e-3)
 
 
 def fit_calls(profile: ComputeProfile, done_ms: float, backward_ms: float, world_size: int, concurrent: int = 1,
