@@ -17,7 +17,6 @@ Gloo CPU ranks: a rehearsal of the command, never a GPU result.
 """
 from __future__ import annotations
 
-import dataclasses
 import json
 import os
 import subprocess
@@ -94,73 +93,113 @@ def fig7_smoke(cfg: GpuCheckConfig, p: dict, out: Path) -> dict:
                  f"--models={','.join(cfg.models)}", f"--bucket_caps_mb={caps}", "--repeats=1",
                  f"--iters={cfg.fig7_iters}", "--cluster=", *_net(cfg)], out, 4 * cfg.timeout_s)
     if proc.returncode != 0:
-        return dict(ok=False, error=proc.stderr.strip().splitlines()[-1:] or [f"exit {proc.returncode}"])
+        raise RuntimeError((proc.stderr.strip().splitlines() or [f"fig7 exited {proc.returncode}"])[-1])
     rows = load_results("fig7", out / "results")
     rows = rows[rows["iteration"] >= 0] if "iteration" in rows else rows
     per_point = rows.groupby(["model", "bucket_cap_mb", "iteration"])["total_ms"].max()  # the slowest rank's
     medians = per_point.groupby(["model", "bucket_cap_mb"]).median()
     forward = rows.groupby(["model", "bucket_cap_mb"])["forward_ms"].median()
-    return dict(ok=True, median_ms={f"{m} {c:g}": v for (m, c), v in medians.items()},
+    return dict(median_ms={f"{m} {c:g}": v for (m, c), v in medians.items()},
                 forward_ms={f"{m} {c:g}": v for (m, c), v in forward.items()})
 
 
 def predict_beside(cfg: GpuCheckConfig, p: dict, out: Path, measured: dict) -> list[dict]:
-    cap = max(cfg.bucket_caps_mb)
+    """Every (model, cap) fig7 measured: the first cap of a model probes, the others reuse its stored calibration."""
     rows = []
     for model in cfg.models:
-        proc = _cli(["predict", f"--model={model}", f"--backend={p['backend']}", f"--world_size={p['world_size']}",
-                     f"--profile={p['profile']}", f"--bucket_cap_mb={cap:g}", "--json", *_net(cfg)], out,
-                    4 * cfg.timeout_s)
-        got = measured.get(f"{model} {cap:g}")
-        if proc.returncode != 0:
-            rows.append(dict(model=model, error=(proc.stderr.strip().splitlines() or ["?"])[-1]))
-            continue
-        predicted = json.loads(proc.stdout.strip().splitlines()[-1])["predicted_ms"]
-        rows.append(dict(model=model, cap=cap, predicted_ms=predicted, measured_ms=got,
-                         error_pct=None if got is None else (predicted / got - 1) * 100))
+        for cap in sorted(cfg.bucket_caps_mb, reverse=True):
+            proc = _cli(["predict", f"--model={model}", f"--backend={p['backend']}",
+                         f"--world_size={p['world_size']}", f"--profile={p['profile']}", f"--bucket_cap_mb={cap:g}",
+                         "--json", *_net(cfg)], out, 4 * cfg.timeout_s)
+            got = measured.get(f"{model} {cap:g}")
+            if proc.returncode != 0:
+                rows.append(dict(model=model, cap=cap, error=(proc.stderr.strip().splitlines() or ["?"])[-1]))
+                continue
+            prediction = json.loads(proc.stdout.strip().splitlines()[-1])
+            predicted = prediction["predicted_ms"]
+            rows.append(dict(model=model, cap=cap, predicted_ms=predicted, host_ms=prediction["host_ms"],
+                             measured_ms=got, error_pct=None if got is None else (predicted / got - 1) * 100))
     return rows
 
 
-def summary_markdown(cfg: GpuCheckConfig, p: dict, parity_result: dict, bench: dict, fig7: dict,
-                     predictions: list[dict], seconds: float) -> str:
+STEPS = ("parity", "bench", "fig7", "predict")
+
+
+def _parity_lines(r: dict) -> list[str]:
+    lines = ["| case | worst | bound |", "|---|---|---|"]
+    lines += [f"| {c} | {v:.2e} | {r['bound'][c]:.0e} |" for c, v in r["worst"].items()]
+    return lines + ["", "**" + ("all equal within bounds" if not r["failed"] else
+                                f"DIFFERENT: {', '.join(r['failed'])}") + "**"]
+
+
+def _bench_lines(bench: dict) -> list[str]:
+    lines = ["| model | cap MiB | ours ms | torch ms | ours / torch | interval | A/A | timing on/off |",
+             "|---|---|---|---|---|---|---|---|"]
+    for r in bench["summary"].to_dict("records"):
+        lines.append(f"| {r['model']} | {r['bucket_cap_mb']:g} | {r['ours_ms']:.1f} | {r['torch_ms']:.1f} | "
+                     f"{r['paired_both']:.3f} | [{r['paired_both_ci_lo']:.3f}, {r['paired_both_ci_hi']:.3f}] | "
+                     f"{r['aa_ratio']:.3f} | {1 + r['timing_overhead_pct'] / 100:.3f} |")
+    lines += ["", "| model | comparison | pooled | interval |", "|---|---|---|---|"]
+    return lines + [f"| {r['model']} | {r['comparison']} | {r['pooled_ratio']:.3f} | [{r['ci_lo']:.3f}, "
+                    f"{r['ci_hi']:.3f}] |" for r in bench["pooled"].to_dict("records")]
+
+
+def _fig7_lines(fig7: dict) -> list[str]:
+    lines = ["| point | median ms | forward ms |", "|---|---|---|"]
+    return lines + [f"| {k} | {v:.1f} | {fig7['forward_ms'][k]:.1f} |" for k, v in fig7["median_ms"].items()]
+
+
+def _predict_lines(predictions: list[dict]) -> list[str]:
+    lines = ["| model | cap MiB | predicted ms | of which DDP's host work | measured ms | error |",
+             "|---|---|---|---|---|---|"]
+    for r in predictions:
+        if "error" in r:
+            lines.append(f"| {r['model']} | {r['cap']:g} | failed: {r['error']} | | | |")
+        else:
+            measured = "-" if r["measured_ms"] is None else f"{r['measured_ms']:.1f}"
+            error = "-" if r["error_pct"] is None else f"{r['error_pct']:+.1f}%"
+            lines.append(f"| {r['model']} | {r['cap']:g} | {r['predicted_ms']:.1f} | {r['host_ms']:.1f} | {measured} "
+                         f"| {error} |")
+    return lines
+
+
+SECTIONS = {"parity": ("1. Ours against torch's DDP (largest relative difference, gradients and final state)",
+                       _parity_lines),
+            "bench": ("2. Bench: ours / torch per round (median, 95% interval); instrumentation cost", _bench_lines),
+            "fig7": ("3. fig7 smoke (ours, one repetition: median of the slowest rank's iteration)", _fig7_lines),
+            "predict": ("4. predict beside fig7's measurement", _predict_lines)}
+
+
+def summary_markdown(cfg: GpuCheckConfig, p: dict, done: dict, seconds: float) -> str:
+    """The summary of the steps in ``done`` (a step's result, or ``{"error": ...}`` where it raised); the steps not
+    reached yet are named, so a summary written after each step says how far an interrupted check got."""
     import torch
 
     device = torch.cuda.get_device_name(0) if cfg.device == "cuda" else "CPU (a rehearsal: not a GPU result)"
     lines = [f"# gpu-check: {device}", "",
              f"torch {torch.__version__}, {env.cuda_devices() if cfg.device == 'cuda' else 0} GPU(s), "
              f"bench and fig7 on {p['backend']} x {p['world_size']}, comparison on {p['parity_backend']} x "
-             f"{p['parity_world_size']}; {seconds:.0f} s.", "",
-             "## 1. Ours against torch's DDP (largest relative difference, gradients and final state)", "",
-             "| case | worst | bound |", "|---|---|---|"]
-    lines += [f"| {c} | {v:.2e} | {parity_result['bound'][c]:.0e} |" for c, v in parity_result["worst"].items()]
-    lines += ["", "**" + ("all equal within bounds" if not parity_result["failed"] else
-                          f"DIFFERENT: {', '.join(parity_result['failed'])}") + "**", "",
-              "## 2. Bench: ours / torch per round (median, 95% interval); instrumentation cost", "",
-              "| model | cap MiB | ours ms | torch ms | ours / torch | interval | A/A | timing on/off |",
-              "|---|---|---|---|---|---|---|---|"]
-    for r in bench["summary"].to_dict("records"):
-        lines.append(f"| {r['model']} | {r['bucket_cap_mb']:g} | {r['ours_ms']:.1f} | {r['torch_ms']:.1f} | "
-                     f"{r['paired_both']:.3f} | [{r['paired_both_ci_lo']:.3f}, {r['paired_both_ci_hi']:.3f}] | "
-                     f"{r['aa_ratio']:.3f} | {1 + r['timing_overhead_pct'] / 100:.3f} |")
-    lines += ["", "| model | comparison | pooled | interval |", "|---|---|---|---|"]
-    lines += [f"| {r['model']} | {r['comparison']} | {r['pooled_ratio']:.3f} | [{r['ci_lo']:.3f}, {r['ci_hi']:.3f}] |"
-              for r in bench["pooled"].to_dict("records")]
-    lines += ["", "## 3. fig7 smoke (ours, one repetition: median of the slowest rank's iteration)", ""]
-    if fig7["ok"]:
-        lines += ["| point | median ms | forward ms |", "|---|---|---|"]
-        lines += [f"| {k} | {v:.1f} | {fig7['forward_ms'][k]:.1f} |" for k, v in fig7["median_ms"].items()]
-    else:
-        lines.append(f"**failed**: {' '.join(fig7['error'])}")
-    lines += ["", "## 4. predict beside fig7's measurement", "", "| model | predicted ms | measured ms | error |",
-              "|---|---|---|---|"]
-    for r in predictions:
-        if "error" in r:
-            lines.append(f"| {r['model']} | failed: {r['error']} | | |")
+             f"{p['parity_world_size']}; {seconds:.0f} s."]
+    for step in STEPS:
+        title, body = SECTIONS[step]
+        lines += ["", f"## {title}", ""]
+        result = done.get(step)
+        if result is None:
+            lines.append("(not reached)")
+        elif isinstance(result, dict) and "error" in result:
+            lines.append(f"**failed**: {result['error']}")
         else:
-            measured = "-" if r["measured_ms"] is None else f"{r['measured_ms']:.1f}"
-            error = "-" if r["error_pct"] is None else f"{r['error_pct']:+.1f}%"
-            lines.append(f"| {r['model']} | {r['predicted_ms']:.1f} | {measured} | {error} |")
+            lines += body(result)
     return "\n".join(lines) + "\n"
+
+
+def _step(fn) -> object:
+    """A step's result, or ``{"error": ...}``: one step failing (a driver refusing this device, say) must not cost
+    the steps after it their measurements on a machine lent for minutes."""
+    try:
+        return fn()
+    except Exception as e:  # noqa: BLE001 - recorded in the summary and in the exit status
+        return dict(error=f"{type(e).__name__}: {str(e).strip().splitlines()[-1] if str(e).strip() else ''}")
 
 
 def run(cfg: GpuCheckConfig) -> int:
@@ -172,22 +211,24 @@ def run(cfg: GpuCheckConfig) -> int:
     out = Path(cfg.out) if cfg.out else results_root() / "gpu-check"
     out.mkdir(parents=True, exist_ok=True)
     t0 = time.monotonic()
-    print(f"[gpu-check] 1/4 ours against torch's DDP ({p['parity_backend']} x {p['parity_world_size']})",
-          file=sys.stderr)
-    parity_result = check_parity(cfg, p)
-    print("[gpu-check] 2/4 bench", file=sys.stderr)
-    bench = run_bench(BenchConfig(models=cfg.models, bucket_caps_mb=cfg.bucket_caps_mb, iters=cfg.bench_iters,
-                                  world_size=p["world_size"], backend=p["backend"], profile=p["profile"],
-                                  memory=False, out=str(out / "bench"), timeout_s=cfg.timeout_s))
-    print("[gpu-check] 3/4 fig7 smoke", file=sys.stderr)
-    fig7 = fig7_smoke(cfg, p, out)
-    print("[gpu-check] 4/4 predict", file=sys.stderr)
-    predictions = predict_beside(cfg, p, out, fig7.get("median_ms", {}))
-    text = summary_markdown(cfg, p, parity_result, bench, fig7, predictions, time.monotonic() - t0)
-    (out / "summary.md").write_text(text)
+    bench_cfg = BenchConfig(models=cfg.models, bucket_caps_mb=cfg.bucket_caps_mb, iters=cfg.bench_iters,
+                            world_size=p["world_size"], backend=p["backend"], profile=p["profile"], memory=False,
+                            out=str(out / "bench"), timeout_s=cfg.timeout_s)
+    steps = {"parity": (f"ours against torch's DDP ({p['parity_backend']} x {p['parity_world_size']})",
+                        lambda: check_parity(cfg, p)),
+             "bench": ("bench", lambda: run_bench(bench_cfg)),
+             "fig7": ("fig7 smoke", lambda: fig7_smoke(cfg, p, out)),
+             "predict": ("predict", lambda: predict_beside(cfg, p, out, done["fig7"].get("median_ms", {})))}
+    done: dict = {}
+    for i, step in enumerate(STEPS, 1):
+        print(f"[gpu-check] {i}/{len(STEPS)} {steps[step][0]}", file=sys.stderr)
+        done[step] = _step(steps[step][1])
+        text = summary_markdown(cfg, p, done, time.monotonic() - t0)
+        (out / "summary.md").write_text(text)
     print(text)
     print(f"[gpu-check] written to {out / 'summary.md'}", file=sys.stderr)
-    return 1 if parity_result["failed"] or not fig7["ok"] else 0
+    failed = [step for step in STEPS if isinstance(done[step], dict) and "error" in done[step]]
+    return 1 if failed or done["parity"]["failed"] else 0
 
 
 def main(argv=None) -> int:

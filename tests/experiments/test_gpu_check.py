@@ -37,6 +37,36 @@ def test_every_step_runs_and_lands_in_the_summary_on_cpu(tmp_path):
     assert "**all equal within bounds**" in text and text.count("float64 | 0.00e+00 |") == 6
     assert "| small | 25 |" in text and "| small | ours / torch, torch_b |" in text  # the bench row and pool
     assert "| small 25 |" in text  # fig7's point
-    predicted = [line for line in text.splitlines() if line.startswith("| small | ") and "%" in line]
+    predicted = [line for line in text.splitlines() if line.startswith("| small | 25 | ") and "%" in line]
     assert len(predicted) == 1 and "failed" not in predicted[0]
     assert (tmp_path / "bench" / "summary.csv").exists() and (tmp_path / "results").is_dir()
+
+
+def test_a_failing_step_is_recorded_and_the_steps_after_it_still_run(tmp_path, monkeypatch):
+    """A machine is lent for minutes: the summary is written after each step, and one step raising costs only its own."""
+    seen = {}
+
+    def fig7_smoke(cfg, p, out):
+        seen["summary before fig7"] = (out / "summary.md").read_text()
+        return dict(median_ms={"small 25": 10.0}, forward_ms={"small 25": 2.0})
+
+    def predict_beside(cfg, p, out, measured):
+        seen["measured"] = measured
+        return [dict(model="small", cap=25.0, predicted_ms=11.0, host_ms=1.0, measured_ms=10.0, error_pct=10.0)]
+
+    def run_bench(bench_cfg):
+        raise RuntimeError("the bench refused\nworld_size must be >= 2")
+
+    monkeypatch.setattr(gpu_check, "check_parity", lambda cfg, p: dict(worst={"a": 0.0}, bound={"a": 1e-6}, failed=[]))
+    monkeypatch.setattr(gpu_check, "run_bench", run_bench)
+    monkeypatch.setattr(gpu_check, "fig7_smoke", fig7_smoke)
+    monkeypatch.setattr(gpu_check, "predict_beside", predict_beside)
+    cfg = GpuCheckConfig(device="cpu", models=("small",), bucket_caps_mb=(25.0,), out=str(tmp_path))
+    assert gpu_check.run(cfg) == 1
+    before = seen["summary before fig7"]
+    assert "**failed**: RuntimeError: world_size must be >= 2" in before and "**all equal within bounds**" in before
+    assert before.split("## 3.")[1].split("## 4.")[0].strip().endswith("(not reached)")
+    assert seen["measured"] == {"small 25": 10.0}
+    text = (tmp_path / "summary.md").read_text()
+    assert "| small 25 | 10.0 | 2.0 |" in text and "| small | 25 | 11.0 | 1.0 | 10.0 | +10.0% |" in text
+    assert "(not reached)" not in text
