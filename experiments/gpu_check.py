@@ -3,16 +3,19 @@
     make gpu-check                                     # any CUDA machine; without CUDA: one line, exit 0
     PYTHONPATH=. python3 -m experiments.gpu_check      # a machine with torch preinstalled and no network
     python -m experiments.gpu_check --device=cpu --models=small --bench_iters=3   # the same steps on CPU Gloo
+    python -m experiments.gpu_check --steps=fig7,predict --fig7_iters=20          # part of it again
 
 1. Ours equals torch's DDP on the device (``harness.parity.device_matrix``, float64 and float32): NCCL over every
    GPU when there are several; with one GPU, Gloo with two ranks sharing it (NCCL refuses two ranks on one GPU).
 2. ``make bench`` at world size = number of GPUs (NCCL): ours / torch per (model, cap) with intervals, and the
    cost of ours's instrumentation (timing on / off).
 3. A ``fig7`` smoke on NCCL (the caps above, one repetition).
-4. ``predict`` for fig7's largest-cap points, beside what fig7 measured.
+4. ``predict`` for every point fig7 measured, beside its measurement (the first cap of a model probes, the others
+   reuse its calibration).
 
-Writes ``<out>/summary.md`` (default ``<results>/gpu-check``), the bench's CSVs and fig7's results beside it (a
-results root of its own, so a smoke never mixes into the user's figures). ``--device=cpu`` runs the same steps on
+Writes ``<out>/summary.md`` (default ``<results>/gpu-check``) after each step: a step that raises is recorded there
+and the rest still run. The bench's CSVs and fig7's results lie beside it (a results root of its own, so a smoke
+never mixes into the user's figures). ``--device=cpu`` runs the same steps on
 Gloo CPU ranks: a rehearsal of the command, never a GPU result.
 """
 from __future__ import annotations
@@ -33,6 +36,7 @@ from harness.results import results_root
 from experiments.bench import BenchConfig, run_bench
 
 PROG = "python -m experiments.gpu_check"
+STEPS = ("parity", "bench", "fig7", "predict")
 
 
 @dataclass(frozen=True)
@@ -44,6 +48,7 @@ class GpuCheckConfig:
     bucket_caps_mb: tuple[float, ...] = (1.0, 25.0)
     bench_iters: int = 20
     fig7_iters: int = 5
+    steps: tuple[str, ...] = STEPS  # a subset reruns part of the check
     out: str = ""  # default <results>/gpu-check
     timeout_s: float = 300.0
 
@@ -54,6 +59,8 @@ def plan(cfg: GpuCheckConfig) -> dict:
         raise ValueError(f"device must be 'cuda' or 'cpu', got {cfg.device!r}")
     if cfg.bench_iters < 1 or cfg.fig7_iters < 1 or not cfg.models or not cfg.bucket_caps_mb:
         raise ValueError("models and bucket_caps_mb must be non-empty, bench_iters and fig7_iters >= 1")
+    if not cfg.steps or set(cfg.steps) - set(STEPS):
+        raise ValueError(f"steps must be a non-empty subset of {','.join(STEPS)}, got {','.join(cfg.steps)}")
     if cfg.device == "cpu":
         return dict(backend="gloo", world_size=2, parity_backend="gloo", parity_world_size=2, profile="cpu")
     gpus = env.cuda_devices()
@@ -122,9 +129,6 @@ def predict_beside(cfg: GpuCheckConfig, p: dict, out: Path, measured: dict) -> l
     return rows
 
 
-STEPS = ("parity", "bench", "fig7", "predict")
-
-
 def _parity_lines(r: dict) -> list[str]:
     lines = ["| case | worst | bound |", "|---|---|---|"]
     lines += [f"| {c} | {v:.2e} | {r['bound'][c]:.0e} |" for c, v in r["worst"].items()]
@@ -184,7 +188,9 @@ def summary_markdown(cfg: GpuCheckConfig, p: dict, done: dict, seconds: float) -
         title, body = SECTIONS[step]
         lines += ["", f"## {title}", ""]
         result = done.get(step)
-        if result is None:
+        if step not in cfg.steps:
+            lines.append("(not run: not in --steps)")
+        elif result is None:
             lines.append("(not reached)")
         elif isinstance(result, dict) and "error" in result:
             lines.append(f"**failed**: {result['error']}")
@@ -218,17 +224,18 @@ def run(cfg: GpuCheckConfig) -> int:
                         lambda: check_parity(cfg, p)),
              "bench": ("bench", lambda: run_bench(bench_cfg)),
              "fig7": ("fig7 smoke", lambda: fig7_smoke(cfg, p, out)),
-             "predict": ("predict", lambda: predict_beside(cfg, p, out, done["fig7"].get("median_ms", {})))}
+             "predict": ("predict", lambda: predict_beside(cfg, p, out, done.get("fig7", {}).get("median_ms", {})))}
     done: dict = {}
-    for i, step in enumerate(STEPS, 1):
-        print(f"[gpu-check] {i}/{len(STEPS)} {steps[step][0]}", file=sys.stderr)
+    todo = [step for step in STEPS if step in cfg.steps]
+    for i, step in enumerate(todo, 1):
+        print(f"[gpu-check] {i}/{len(todo)} {steps[step][0]}", file=sys.stderr)
         done[step] = _step(steps[step][1])
         text = summary_markdown(cfg, p, done, time.monotonic() - t0)
         (out / "summary.md").write_text(text)
     print(text)
     print(f"[gpu-check] written to {out / 'summary.md'}", file=sys.stderr)
-    failed = [step for step in STEPS if isinstance(done[step], dict) and "error" in done[step]]
-    return 1 if failed or done["parity"]["failed"] else 0
+    failed = [step for step in todo if isinstance(done[step], dict) and "error" in done[step]]
+    return 1 if failed or done.get("parity", {}).get("failed") else 0
 
 
 def main(argv=None) -> int:

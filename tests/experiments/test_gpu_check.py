@@ -70,3 +70,15 @@ def test_a_failing_step_is_recorded_and_the_steps_after_it_still_run(tmp_path, m
     text = (tmp_path / "summary.md").read_text()
     assert "| small 25 | 10.0 | 2.0 |" in text and "| small | 25 | 11.0 | 1.0 | 10.0 | +10.0% |" in text
     assert "(not reached)" not in text
+
+
+def test_steps_runs_only_the_steps_named_and_refuses_unknown_ones(tmp_path, monkeypatch):
+    monkeypatch.setattr(gpu_check, "check_parity", lambda cfg, p: pytest.fail("parity was not asked for"))
+    monkeypatch.setattr(gpu_check, "run_bench", lambda bench_cfg: pytest.fail("the bench was not asked for"))
+    monkeypatch.setattr(gpu_check, "fig7_smoke", lambda cfg, p, out: dict(median_ms={}, forward_ms={}))
+    cfg = GpuCheckConfig(device="cpu", models=("small",), steps=("fig7",), out=str(tmp_path))
+    assert gpu_check.run(cfg) == 0
+    text = (tmp_path / "summary.md").read_text()
+    assert text.count("(not run: not in --steps)") == 3
+    with pytest.raises(ValueError, match="steps must be a non-empty subset of parity,bench,fig7,predict"):
+        gpu_check.plan(GpuCheckConfig(steps=("fig7", "bnech")))
