@@ -63,7 +63,7 @@ claims: setup
 bench: setup
 	$(PY) -m experiments.bench $(ARGS)
 
-# The GPU path in one command on any CUDA machine (~5 min on one GPU): ours vs torch's DDP on the device, the bench
+# The GPU path in one command on any CUDA machine (~6 min on one H100): ours vs torch's DDP on the device, the bench
 # at world size = GPUs, a fig7 smoke on NCCL, predict beside it -> results/gpu-check/summary.md; without CUDA it
 # says so and exits 0. With torch preinstalled and no network: `PYTHONPATH=. python3 -m experiments.gpu_check`.
 gpu-check: setup

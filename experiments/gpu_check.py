@@ -1,4 +1,4 @@
-"""`make gpu-check`: what this suite says, checked on a CUDA machine in one command (about 5 minutes on one GPU).
+"""`make gpu-check`: what this suite says, checked on a CUDA machine in one command (about 6 minutes on one H100).
 
     make gpu-check                                     # any CUDA machine; without CUDA: one line, exit 0
     PYTHONPATH=. python3 -m experiments.gpu_check      # a machine with torch preinstalled and no network
