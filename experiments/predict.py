@@ -35,7 +35,10 @@ from harness.config import OneLineParser, validate
 from harness.errors import command_line, refusing
 from harness.results import results_root
 
-PROBE_ITERS, PROBE_WARMUP = 3, 1
+# A probe's compute iterations and warm-ups, by device. On CPU an iteration takes 50 ms to 2 s and the contention
+# pairs add more; on a GPU it takes tens of ms, and 3 after 1 warm-up read BERT-base's forward on an H100 at 16.2 ms
+# where fig7 had measured 9.7 ms a minute before (BENCHMARKS.md, "make gpu-check").
+PROBE_ITERS = {"cpu": (3, 1), "cuda": (20, 5)}
 CALIBRATION_DIR = "calibration"
 REFRESH_HOURS = 24.0  # a stored full probe younger than this is refreshed (compute only) instead of redone
 
@@ -50,6 +53,12 @@ def calibration_path(cfg: TrainConfig, root=None) -> Path:
     name = (f"{cfg.model}-{cfg.profile}-b{cfg.batch_size}-n{cfg.world_size}-{cfg.backend}-{net}"
             f"-t{cfg.threads_per_rank}{malloc}-{socket.gethostname()}.json")
     return Path(results_root(root)) / CALIBRATION_DIR / name
+
+
+def probe_point(cfg: TrainConfig) -> TrainConfig:
+    """``cfg`` with its device's probe iterations (NCCL ranks run on GPUs, Gloo ranks on the CPU)."""
+    iters, warmup = PROBE_ITERS["cuda" if validate(cfg).backend == "nccl" else "cpu"]
+    return dataclasses.replace(cfg, iters=iters, warmup=warmup)
 
 
 def calibration_for(cfg: TrainConfig, stored: str = "", root=None, probe: str = "auto"):
@@ -67,7 +76,7 @@ def calibration_for(cfg: TrainConfig, stored: str = "", root=None, probe: str = 
                 raise ValueError(f"calibration {stored} was probed with {key}={probed!r}, but the point "
                                  f"asks for {key}={getattr(cfg, key)!r}; probe again (leave out --calibration)")
         return cal, Path(stored)
-    path, short = calibration_path(cfg, root), dataclasses.replace(cfg, iters=PROBE_ITERS, warmup=PROBE_WARMUP)
+    path, short = calibration_path(cfg, root), probe_point(cfg)
     if probe == "auto" and path.exists():
         try:
             cal = Calibration.load(path)

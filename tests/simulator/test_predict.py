@@ -198,6 +198,19 @@ def test_a_stored_full_probe_is_refreshed_within_a_day_and_redone_after(tmp_path
     assert probe() == "full"
 
 
+def test_a_gpus_probe_times_more_iterations_than_a_cpus(tmp_path, monkeypatch):
+    """On a GPU an iteration takes tens of ms and the first ones after a build run slow: 20 after 5 warm-ups."""
+    import simulator.calibrate as calibrate_module
+    from experiments.predict import calibration_for
+    from harness import TrainConfig
+
+    probed = []
+    monkeypatch.setattr(calibrate_module, "calibrate", lambda c, root: probed.append(c) or _calibration())
+    for backend in ("gloo", "nccl"):
+        calibration_for(TrainConfig(model="small", world_size=2, backend=backend, iters=50), root=tmp_path)
+    assert [(c.backend, c.iters, c.warmup) for c in probed] == [("gloo", 3, 1), ("nccl", 20, 5)]
+
+
 def test_the_link_comes_from_make_fig2s_stored_calls_on_the_same_link(tmp_path):
     from harness.results import load_results
     from harness.collectives import call_samples
