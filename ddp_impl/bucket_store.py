@@ -24,23 +24,25 @@ class BucketStore:
         self.views: list[torch.Tensor] = [None] * len(self.params)  # type: ignore[list-item]
         self.bucket_of = [0] * len(self.params)
         self._deferred_runs: list[list[torch.Tensor]] = []  # per bucket: slices holding only small gradients
+        self._deferred: list[list[int]] = []  # per bucket: its small gradients, copied together once all are final
         for b, flat in zip(buckets, self.flats):
-            offset, runs = 0, []
+            offset, runs, deferred = 0, [], []
             for i in b.param_indices:
                 numel = self.specs[i].numel
                 self.views[i] = flat[offset:offset + numel].view(self.params[i].shape)
                 self.bucket_of[i] = b.index
                 if numel < EAGER_COPY_NUMEL:
+                    deferred.append(i)
                     if runs and runs[-1][1] == offset:
                         runs[-1][1] += numel
                     else:
                         runs.append([offset, offset + numel])
                 offset += numel
             self._deferred_runs.append([flat[start:end] for start, end in runs])
+            self._deferred.append(deferred)
         self.bucket_sizes = [len(b.param_indices) for b in buckets]
         self._bucket_views = [[self.views[i] for i in b.param_indices] for b in buckets]
         self._bucket_params = [[self.params[i] for i in b.param_indices] for b in buckets]
-        self._deferred = [[i for i in b.param_indices if self.specs[i].numel < EAGER_COPY_NUMEL] for b in buckets]
         self._deferred_views = [[self.views[i] for i in d] for d in self._deferred]
         self._deferred_params = [[self.params[i] for i in d] for d in self._deferred]
 

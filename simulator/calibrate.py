@@ -13,10 +13,10 @@ training):
   training as the points then run it (kept for the record: DDP's own phases, and compute alone before any DDP
   iteration);
 * communication: the allreduce microbenchmark of ``make fig2`` (:func:`harness.collectives.run_allreduce_point`),
-  one call per iteration of 4 KiB up to the gradient's size (at most 128 MiB) on the point's link, fitted to the
-  ring alpha-beta model (:func:`simulator.comm.fit_link`) for the cost per byte; where ``make fig2`` has stored calls on this very
-  link (same backend, ranks, host, torch and link rate, :func:`stored_link`), those are fitted instead and the
-  probe skips its own;
+  one call per iteration of 4 KiB up to the gradient's size (three sizes at least, up to 1 MiB; at most 128 MiB)
+  on the point's link, fitted to the ring alpha-beta model (:func:`simulator.comm.fit_link`) for the cost per byte;
+  where ``make fig2`` has stored calls on this very link (same backend, ranks, host, torch and link rate,
+  :func:`stored_link`), those are fitted instead and the probe skips its own;
 * latency: backward passes that launch one allreduce per gradient, of its size, as it becomes ready (DDP's
   calls at cap 0, without DDP); the per-call cost is the one with which the simulator, given the link's cost
   per byte, reproduces when the last call finished, and the share of the calls' latency that slows compute the one

@@ -268,7 +268,8 @@ CLUSTERS: dict[str, Cluster] = {c.name: c for c in (
     _v100_cluster("paper-v100", "the paper's: servers of 8 V100 over NVLink, 100 Gbit/s between servers", 100.0, 90.0,
                   "servers joined by 100 Gbit/s (the paper's setup as summarised in paper-notes.md, [likely]; DLPerf's "
                   "V100 cluster, one 100 Gbit/s InfiniBand NIC per server); NCCL reaches 90% of it"),
-    _v100_cluster("dgx1-v100", "DGX-1 class: 8 V100-SXM2 over NVLink, 4 x 100 Gbit/s InfiniBand per server", 100.0, 320.0,
+    _v100_cluster("dgx1-v100", "DGX-1 class: 8 V100-SXM2 over NVLink, 4 x 100 Gbit/s InfiniBand per server",
+                  100.0, 320.0,
                   "servers joined by four 100 Gbit/s InfiniBand NICs each (DGX-1 system architecture white paper); "
                   "NCCL's all-reduce bus bandwidth across DGX-1s ~40 GB/s = 320 Gbit/s (NVIDIA's GTC 2017 S7155 as "
                   "cited in NVIDIA/nccl-tests issue 29)"),

@@ -43,7 +43,7 @@ def test_every_step_runs_and_lands_in_the_summary_on_cpu(tmp_path):
 
 
 def test_a_failing_step_is_recorded_and_the_steps_after_it_still_run(tmp_path, monkeypatch):
-    """A machine is lent for minutes: the summary is written after each step, and one step raising costs only its own."""
+    """A machine is lent for minutes: the summary is written after each step; a step that raises loses only its own."""
     seen = {}
 
     def fig7_smoke(cfg, p, out):
