@@ -15,8 +15,8 @@
 
 Writes ``<out>/summary.md`` (default ``<results>/gpu-check``) after each step: a step that raises is recorded there
 and the rest still run. The bench's CSVs and fig7's results lie beside it (a results root of its own, so a smoke
-never mixes into the user's figures). ``--device=cpu`` runs the same steps on
-Gloo CPU ranks: a rehearsal of the command, never a GPU result.
+never mixes into the user's figures). ``--device=cpu`` runs the same steps on Gloo CPU ranks: a rehearsal of the
+command, never a GPU result.
 """
 from __future__ import annotations
 

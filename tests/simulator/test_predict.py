@@ -199,7 +199,7 @@ def test_a_stored_full_probe_is_refreshed_within_a_day_and_redone_after(tmp_path
 
 
 def test_a_gpus_probe_times_more_iterations_than_a_cpus(tmp_path, monkeypatch):
-    """On a GPU an iteration takes tens of ms and the first ones after a build run slow: 20 after 5 warm-ups."""
+    """On a GPU an iteration takes tens of ms, and 3 after 1 warm-up read an H100 far off fig7: 20 after 5 there."""
     import simulator.calibrate as calibrate_module
     from experiments.predict import calibration_for
     from harness import TrainConfig
