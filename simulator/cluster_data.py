@@ -120,6 +120,9 @@ PUBLISHED_SCALING = {  # (model, per-GPU batch) -> {GPUs: samples/s}
 # model -> {bucket cap MiB: (no DDP ms, torch's DDP ms)}. ResNet50's rows calibrate the host overhead, BERT-base's
 # validate it.
 H100_DDP = {"resnet50": {1: (26.5, 36.8), 25: (27.7, 34.9)}, "bert-base": {1: (34.0, 46.8), 25: (34.0, 40.4)}}
+# The same, from another H100 a day later (`make gpu-check`, BENCHMARKS.md: its bench's 20 interleaved rounds,
+# torch 2.11): a second run, which validates only.
+H100_DDP_CHECK = {"resnet50": {1: (28.3, 40.0), 25: (28.0, 33.1)}, "bert-base": {1: (35.8, 50.3), 25: (38.6, 45.9)}}
 HOST_CALIBRATION_MODEL = "resnet50"
 
 

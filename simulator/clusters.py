@@ -12,7 +12,8 @@ its source (:class:`Assumption`):
   FLOP fraction by 0.05-0.09 on average, 0.13-0.14 at worst), with compute at the rate the device's ResNet50
   measurement implies;
 * DDP's host overhead: a cost per gradient and per bucket on backward's thread (:class:`HostOverhead`), from torch's
-  DDP against no DDP on one H100 (:func:`fit_host_overhead`; BERT-base there validates it, :func:`host_check`);
+  DDP against no DDP on one H100 (:func:`fit_host_overhead`; BERT-base there and a second H100 run validate it,
+  :func:`host_check`);
 * communication: a two-tier ring per backend (:class:`~simulator.comm.TwoTier`): NVLink inside a server, the
   servers' NICs between them, at published rates; Gloo's are assumptions with a wide range.
 
@@ -89,13 +90,15 @@ def flop_shape(model: str, memory_gbyte_s: float, flops_per_ms: float) -> Shape:
                  "FLOP counts")
 
 
-def host_check(model: str = "bert-base", cluster_name: str = "h100-class") -> dict[int, tuple[float, float]]:
-    """Validation of the host overhead on a model that did not calibrate it: per cap, (predicted, measured) ms of
-    torch's DDP on one H100, the prediction being the measured no-DDP time plus what the model adds for DDP."""
+def host_check(model: str = "bert-base", cluster_name: str = "h100-class",
+               measured: dict = H100_DDP) -> dict[int, tuple[float, float]]:
+    """Validation of the host overhead on measurements that did not calibrate it (another model, or another run:
+    ``measured=H100_DDP_CHECK``): per cap, (predicted, measured) ms of torch's DDP on one H100, the prediction being
+    the measured no-DDP time plus what the model adds for DDP."""
     from .predict import Scenario, predict
 
     out = {}
-    for cap, (alone, ddp) in H100_DDP[model].items():
+    for cap, (alone, ddp) in measured[model].items():
         cal = cluster_calibration(cluster_name, model, "nccl", 1)
         added = predict(cal, Scenario(bucket_cap_mb=cap))["predicted_ms"] - cal.profile.forward_ms \
             - cal.profile.backward_ms - cal.profile.optimizer_ms
