@@ -11,7 +11,7 @@ FIGURES := fig2 fig6 fig7 fig8 fig9 fig10 fig11 fig12
 WS_ARG = $(if $(WORLD_SIZE),--world_size=$(WORLD_SIZE))
 fig9 fig10 fig11 fig2: WS_ARG =
 
-.PHONY: setup test clean figures plots claims timeline bench gpu-check simval tune zero torch-ddp-tests $(FIGURES)
+.PHONY: setup test clean figures plots claims timeline bench gpu-check simval hostval tune zero torch-ddp-tests $(FIGURES)
 
 setup: $(STAMP)
 
@@ -72,6 +72,11 @@ gpu-check: setup
 # The simulator's predictions against fresh measurements (results/simval/, results/figures/simval.png; 3 rounds + a side-by-side tuning check, ~3 h).
 simval: setup
 	$(PY) -m experiments.simval $(ARGS)
+
+# What the simulator says DDP adds, where the host sets the pace: tiny-layers' DDP at 80/9/1 buckets against
+# predictions from its compute measured beside it (results/hostval/hostval.csv; 5 repeats, ~6 min).
+hostval: setup
+	$(PY) -m experiments.hostval $(ARGS)
 
 # A bucket cap recommended by the simulator, then measured beside torch's default and the best measured cap
 # (results/figures/tune.png); `make tune ARGS="--model=bert-base --world_size=3 --net=1gbit"`.

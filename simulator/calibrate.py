@@ -26,7 +26,7 @@ training):
   allreduce's bytes);
 * copies: DDP copies each gradient into its bucket and back out; the rank's memory-copy rate prices that;
 * host work: DDP's cost per gradient and per bucket on backward's thread, from a host-bound stand-in model under the
-  point's DDP at two bucket layouts against no DDP (:mod:`simulator.host_cost`, under a second).
+  point's DDP at two bucket layouts against no DDP (:mod:`simulator.host_cost`, about 3 s).
 
 The result is a :class:`Calibration`, stored as a versioned JSON file, so a prediction names what it came from.
 :func:`refresh` re-times only what drifts, the compute (~30 s for BERT-base at 2 ranks against 50-120 s in full),
@@ -45,16 +45,18 @@ from harness.config import config_columns, validate
 from harness.results import git_commit, load_results
 from harness.runner import machine_metadata
 
+from . import host_cost
 from .comm import AlphaBeta, concurrent_calls, fit_link
 from .iteration import ComputeProfile, buckets_for, simulate
 from .probe import compute_rank, median, probe_rank
 
-VERSION = 13  # changes whenever what the probe measures, or how, changes: a stored calibration of another version is
+VERSION = 14  # changes whenever what the probe measures, or how, changes: a stored calibration of another version is
 #               refused (Calibration.load), so a prediction never mixes numbers measured two ways
 # earlier versions whose files differ only by fields added since, whose defaults give what they predicted then
 EARLIER_READABLE = {10: "no host cost (0: the probe did not measure it)",
                     11: "3 latency passes and 3 contention pairs (9 and 7 since)",
-                    12: "no latency contention (0: calls waiting out their latency cost compute nothing)"}
+                    12: "no latency contention (0: calls waiting out their latency cost compute nothing)",
+                    13: "compute as the slowest rank's medians (since: the slowest rank in each iteration)"}
 FIT_ROUNDS = 30  # at most, of fit_calls' turns
 STORED_LINK_RATE_TOLERANCE = 0.01  # make fig2's calls stand in for the probe's on a link rate within 1% of the point's
 
@@ -207,15 +209,27 @@ def slowest_rank_contention(pairs_by_rank) -> float:
     return max(0.0, median(max(u for _, u in pair) / max(a for a, _ in pair) - 1 for pair in pairs))
 
 
-def _slowest_compute(rows) -> dict:
-    """The compute fields of a profile from every rank's probe. DDP waits for the slowest rank: a bucket is ready
-    when its gradients are ready on every rank, and the buffer broadcast at the start of forward waits for the last
-    rank's optimizer step; ranks sharing 2 cores differ by up to 1.5x in a phase (at 3 ranks: forward 72-114 ms,
-    optimizer 27-39 ms)."""
-    backward = max(r["backward_ms"] for r in rows)
-    ready = [min(max(r["ready_ms"][i] for r in rows), backward) for i in range(len(rows[0]["ready_ms"]))]
-    return dict(ready_ms=tuple(ready), backward_ms=backward, forward_ms=max(r["forward_ms"] for r in rows),
-                optimizer_ms=max(r["optimizer_ms"] for r in rows))
+def slowest_compute(rows) -> dict:
+    """The compute fields of a profile from every rank's probe iterations. DDP waits for the slowest rank in each
+    iteration: a bucket is ready when its gradients are ready on every rank, and the buffer broadcast at the start
+    of forward waits for the last rank's optimizer step. So each iteration's phases and ready times are the slowest
+    rank's there (ready times and backward's end counted from the iterations' common start, then from the slowest
+    forward's end), and the profile is their medians. Ranks sharing 2 cores differ by up to 1.5x in a phase, and
+    not always the same rank: tiny-layers at 2 ranks took 53.6 ms an iteration by the slower rank per iteration,
+    47.5 ms by the slower rank's median, and 61.9 ms under DDP at one bucket."""
+    iterations = []
+    for runs in zip(*(r["runs"] for r in rows)):  # the ranks' k-th iterations, started together by a barrier
+        forward = max(r["forward"] for r in runs)
+        backward = max(r["forward"] + r["backward"] for r in runs) - forward
+        ready = [min(max(r["forward"] + r["ready"][i] for r in runs) - forward, backward)
+                 for i in range(len(runs[0]["ready"]))]
+        iterations.append(dict(forward=forward, backward=backward, ready=ready,
+                               optimizer=max(r["optimizer"] for r in runs)))
+    backward = median(it["backward"] for it in iterations)
+    ready = [min(median(it["ready"][i] for it in iterations), backward) for i in range(len(iterations[0]["ready"]))]
+    return dict(ready_ms=tuple(max(r, 0.0) for r in ready), backward_ms=backward,
+                forward_ms=median(it["forward"] for it in iterations),
+                optimizer_ms=median(it["optimizer"] for it in iterations))
 
 
 def refresh(cal: Calibration, cfg: TrainConfig) -> Calibration:
@@ -229,7 +243,7 @@ def refresh(cal: Calibration, cfg: TrainConfig) -> Calibration:
     meta = {**cal.meta, "created_at": now, "git_commit": git_commit(),
             "probed_at": cal.meta.get("probed_at", cal.meta["created_at"]),
             "probed_git_commit": cal.meta.get("probed_git_commit", cal.meta["git_commit"])}
-    return replace(cal, profile=replace(cal.profile, **_slowest_compute(rows)), meta=meta, **_copy_and_ddp(rows))
+    return replace(cal, profile=replace(cal.profile, **slowest_compute(rows)), meta=meta, **_copy_and_ddp(rows))
 
 
 def _copy_and_ddp(rows) -> dict:
@@ -243,12 +257,14 @@ def calibrate(cfg: TrainConfig, root=None) -> Calibration:
     cost per byte from ``make fig2``'s stored calls on the same link where ``root``'s results hold them."""
     link = stored_link(cfg, root)
     rows = run_point(cfg, fn=probe_rank, fn_args=(True, link.samples if link else ()))
-    profile = ComputeProfile(param_bytes=tuple(rows[0]["param_bytes"]), **_slowest_compute(rows),
+    profile = ComputeProfile(param_bytes=tuple(rows[0]["param_bytes"]), **slowest_compute(rows),
                              contention=slowest_rank_contention([r["contention_pairs"] for r in rows]),
                              comm_contention=median(r["comm_contention"] for r in rows))
     samples = [tuple(s) for s in rows[0]["comm_samples"]]
-    fit, ring, calls_done = None, None, median(r["calls_done_ms"] for r in rows)
-    calls_backward = max(r["calls_backward_ms"] for r in rows)  # the slowest rank's, as the profile's backward
+    fit, ring = None, None
+    calls_done = median(median(r["calls_done_ms"]) for r in rows) if cfg.world_size > 1 else None
+    # per pass the slowest rank's backward, as the profile's
+    calls_backward = median(map(max, zip(*(r["calls_backward_ms"] for r in rows)))) if cfg.world_size > 1 else None
     if cfg.world_size > 1:  # the bytes' cost from the link's calls, the per-call cost from the calls in backward
         ring = fit_link(samples)
         beta = ring.model.beta_ms_per_byte
@@ -268,7 +284,7 @@ def calibrate(cfg: TrainConfig, root=None) -> Calibration:
         # the model used (alpha from the calls inside backward) against the same calls
         r2=fit.r2, median_abs_pct_error=fit.median_abs_pct_error, worst_abs_pct_error=fit.worst_abs_pct_error,
         calls_done_ms=calls_done, calls_backward_ms=calls_backward,  # what alpha and the share reproduce
-        host_cost=[r["host_cost"] for r in rows])  # each rank's stand-in backwards and what they gave
+        host_cost=[r["host_cost"] for r in rows])  # each rank's stand-in backwards, per variant and round
     host = _slowest_host_cost(rows)
     return Calibration(profile=profile, comm=fit.model if fit else AlphaBeta(0.0, 0.0), **_copy_and_ddp(rows),
                        buffer_bytes=int(rows[0]["buffer_bytes"]), point=point, fit=quality, meta=meta,
@@ -277,7 +293,10 @@ def calibrate(cfg: TrainConfig, root=None) -> Calibration:
 
 
 def _slowest_host_cost(rows) -> dict:
-    """DDP's host work per gradient and per bucket on the slowest rank (DDP waits for it); 0 without a probe of it."""
+    """DDP's host work per gradient and per bucket (per round the slowest rank's: DDP waits for it); 0 without a
+    probe of it."""
     found = [r["host_cost"] for r in rows if r.get("host_cost")]
-    return dict(host_per_gradient_ms=max((h["per_gradient_ms"] for h in found), default=0.0),
-                host_per_bucket_ms=max((h["per_bucket_ms"] for h in found), default=0.0))
+    if not found:
+        return dict(host_per_gradient_ms=0.0, host_per_bucket_ms=0.0)
+    cost = host_cost.slowest(found)
+    return dict(host_per_gradient_ms=cost.per_gradient_ms, host_per_bucket_ms=cost.per_bucket_ms)

@@ -7,7 +7,8 @@ gradient stamped by a hook, as the probe's compute profile is) and with
 the point's DDP at two bucket layouts (one bucket; one per gradient) over a process group of its own rank alone, so
 that no byte crosses the link and nothing waits for the other ranks: the difference is host work. With ``n``
 gradients and the copies priced at the probe's copy rate, one bucket costs ``n·g + b`` over no DDP and one bucket
-per gradient ``n·g + n·b``, which gives ``g`` (per gradient) and ``b`` (per bucket).
+per gradient ``n·g + n·b``, which gives ``g`` (per gradient) and ``b`` (per bucket). Each round's three backwards
+are the slowest rank's (:func:`slowest`), as the probe's compute is: a DDP iteration waits for the slower rank.
 """
 from __future__ import annotations
 
@@ -23,7 +24,9 @@ from harness.runner import build_trainer
 from harness.timing import ms, now, stamp
 
 HOST_LAYERS, HOST_WIDTH, HOST_BATCH = 200, 8, 2  # 400 gradients of 8 or 64 elements
-HOST_ROUNDS, HOST_WARMUP = 8, 2  # rounds of (no DDP, one bucket, one bucket per gradient), after warm-up rounds
+# rounds of (no DDP, one bucket, one bucket per gradient), after warm-up rounds: on 2 shared cores, where g is 5-10%
+# of the stand-in's backward, 8 rounds read 2-8 us a gradient across probes, 24 rounds 3-6 us (about 3 s)
+HOST_ROUNDS, HOST_WARMUP = 24, 2
 ONE_BUCKET_MB = 1024.0  # far above the stand-in's bytes
 
 
@@ -60,9 +63,18 @@ def _own_group(ctx):
     return groups[ctx.rank]
 
 
-def measure(ctx, cfg, copy_ms_per_byte: float) -> HostCost:
-    """This rank's :class:`HostCost` under ``cfg``'s DDP (its impl and options; the caps are the probe's), the
-    ranks timing at once as they train (they share the cores)."""
+def slowest(ranks: list[dict]) -> HostCost:
+    """The :class:`HostCost` of every rank's :func:`measure`: per round, each variant's slowest rank, then medians
+    (the slowest rank's own estimate, a small difference of two noisy medians, read up to 16 us a gradient where
+    the per-round slowest read 3-8)."""
+    rounds = [tuple(map(max, zip(*variant))) for variant in zip(*(r["backward_ms"] for r in ranks))]
+    medians = tuple(float(statistics.median(v)) for v in rounds)
+    return solve(medians, ranks[0]["gradients"], ranks[0]["copy_ms"])
+
+
+def measure(ctx, cfg, copy_ms_per_byte: float) -> dict:
+    """This rank's stand-in backwards (ms, per variant and round) under ``cfg``'s DDP (its impl and options; the
+    caps are the probe's), the ranks timing at once as they train (they share the cores), for :func:`slowest`."""
     model, x, y = _stand_in()
     x, y = x.to(ctx.device), y.to(ctx.device)
     alone = dataclasses.replace(ctx, group=_own_group(ctx))
@@ -83,7 +95,6 @@ def measure(ctx, cfg, copy_ms_per_byte: float) -> HostCost:
             if rnd >= HOST_WARMUP:
                 times[k].append(ms(t0, t1))
     params = list(model.parameters())
-    copy_ms = sum(p.numel() * p.element_size() for p in params) * copy_ms_per_byte
-    medians = tuple(float(statistics.median(t)) for t in times)
     del held
-    return solve(medians, len(params), copy_ms)
+    return dict(backward_ms=times, gradients=len(params),
+                copy_ms=sum(p.numel() * p.element_size() for p in params) * copy_ms_per_byte)

@@ -3,7 +3,6 @@
 rate, each measured where DDP pays it. What each measurement is for: ``simulator/calibrate.py``."""
 from __future__ import annotations
 
-import dataclasses
 import math
 import statistics
 from dataclasses import dataclass, field
@@ -51,7 +50,7 @@ class _CallStream:
     done: list = field(default_factory=list)
 
 
-class _RankProbe:
+class RankProbe:
     """What every measurement of one rank's probe shares: the model without DDP and its optimizer, each gradient's
     ready time (stamped by ddp_impl's own hook on its gradient accumulator, the signal DDP's buckets follow), and
     DDP at the point's settings on a second replica, so that compute is timed right after DDP's iterations."""
@@ -125,17 +124,17 @@ def probe_rank(ctx, cfg: TrainConfig, full: bool = True, link: tuple = ()) -> li
     :func:`simulator.calibrate.stored_link`, where its calls reach the sizes the probe's would), then calls inside
     backward, then compute under communication; with ``full=False`` (:func:`compute_rank`) only the compute after
     DDP's iterations."""
-    probe = _RankProbe(ctx, cfg)
+    probe = RankProbe(ctx, cfg)
     before_ddp = probe.measured(probe.iteration) if full else []  # compute before any DDP iteration, for the record
     runs = probe.measured(probe.after_ddp)
-    found = dict(comm_samples=[], link="probed", calls_done_ms=math.nan, calls_backward_ms=math.nan,
+    found = dict(comm_samples=[], link="probed", calls_done_ms=[], calls_backward_ms=[],
                  contention_pairs=[], comm_contention=0.0, host_cost={})
     copy_ms_per_byte = _copy_ms_per_byte(probe)
     if full:  # a refresh (compute_rank) re-times only the compute above
         found.update(_link_samples(probe, link))
         if ctx.world_size > 1:
             comm = fit_link(found["comm_samples"]).model
-            found["calls_done_ms"], found["calls_backward_ms"] = _calls_in_backward(probe)
+            found["calls_done_ms"], found["calls_backward_ms"] = _calls_in_backward(probe)  # per pass
             pairs, found["comm_contention"] = _contention(probe, comm, runs)
             found["contention_pairs"] = [(alone["backward"], under["backward"]) for alone, under in pairs]
             # The compute-only halves join the first iterations: a host's speed moves within minutes, and one slow
@@ -143,10 +142,10 @@ def probe_rank(ctx, cfg: TrainConfig, full: bool = True, link: tuple = ()) -> li
             # no_sync leaves little else).
             runs += [alone for alone, _ in pairs]
         # one rank too: there DDP's host work is all it adds (an H100 ran torch's DDP 1.19-1.39x no DDP)
-        found["host_cost"] = dataclasses.asdict(host_cost.measure(ctx, cfg, copy_ms_per_byte))
-    compute = {f"{k}_ms": median(r[k] for r in runs) for k in PHASES}
-    ready = [median(r["ready"][i] for r in runs) for i in range(len(probe.params))]
-    return [dict(rank=ctx.rank, backend=ctx.backend, **compute, ready_ms=ready,
+        found["host_cost"] = host_cost.measure(ctx, cfg, copy_ms_per_byte)
+    # every iteration's phases and ready times, not medians: DDP waits for the slower rank in each iteration
+    # (calibrate.slowest_compute), which takes longer than the slower rank's median on a shared host
+    return [dict(rank=ctx.rank, backend=ctx.backend, runs=[{k: r[k] for k in (*PHASES, "ready")} for r in runs],
                  param_bytes=[p.numel() * p.element_size() for p in probe.params], **found,
                  copy_ms_per_byte=copy_ms_per_byte,
                  buffer_bytes=sum(b.numel() * b.element_size() for b in probe.model.buffers()),
@@ -162,7 +161,7 @@ def compute_rank(ctx, cfg: TrainConfig) -> list[dict]:
     return probe_rank(ctx, cfg, full=False)
 
 
-def _link_samples(probe: _RankProbe, link: tuple) -> dict:
+def _link_samples(probe: RankProbe, link: tuple) -> dict:
     """The link's (ranks, bytes, ms) calls: ``link`` (make fig2's, stored) where its largest call reaches what DDP
     sends, else fig2's microbenchmark here, one call of each size per iteration after one warm-up call, up to the
     largest bucket DDP could send."""
@@ -178,18 +177,18 @@ def _link_samples(probe: _RankProbe, link: tuple) -> dict:
     return dict(comm_samples=samples, link="probed")
 
 
-def _calls_in_backward(probe: _RankProbe) -> tuple[float, float]:
+def _calls_in_backward(probe: RankProbe) -> tuple[list[float], list[float]]:
     """When the last of one allreduce per gradient, each launched as its gradient became ready, completed (ms from
-    backward's start), and when backward's compute ended beside those calls (medians over the passes). What a call
+    backward's start), and when backward's compute ended beside those calls (per pass). What a call
     costs where DDP pays it: inside backward, carrying the gradient's bytes, while the ranks' compute threads hold
     the cores. Small calls alone (between barriers, back to back, or inside backward) cost per call a factor 2-5
     apart between rank counts and runs on 2 cores, and several times what a call costs DDP while bytes flow. The
     first pass warms up."""
     streams = [probe.iteration(calls=True) for _ in range(1 + LATENCY_ITERS)][1:]
-    return median(r["calls_done"] for r in streams), median(r["backward"] for r in streams)
+    return [r["calls_done"] for r in streams], [r["backward"] for r in streams]
 
 
-def _contention(probe: _RankProbe, comm: AlphaBeta, runs: list[dict]) -> tuple[list, float]:
+def _contention(probe: RankProbe, comm: AlphaBeta, runs: list[dict]) -> tuple[list, float]:
     """Backward alone (right after DDP's iteration) and under one allreduce 1.5x as long as ``runs``' backward, in
     pairs, so that drift between the probe's phases (this host's speed moves within minutes) cancels; and what the
     compute costs the allreduce's bytes (``comm_contention``)."""
@@ -208,7 +207,7 @@ def _contention(probe: _RankProbe, comm: AlphaBeta, runs: list[dict]) -> tuple[l
     return pairs, lost / (1 - lost)
 
 
-def _copy_ms_per_byte(probe: _RankProbe) -> float:
+def _copy_ms_per_byte(probe: RankProbe) -> float:
     """The rank's memory-copy rate: DDP copies each gradient into its bucket and back out."""
     grads = torch.cat([p.detach().reshape(-1) for p in probe.params])
     copy = torch.empty_like(grads)

@@ -178,6 +178,8 @@ COMMANDS = {  # argv after `python -m`: (exit status, what the one stderr line s
     "timeline_world_size_too_big": (["experiments.timeline", "--world_size=100000"], 2,
                                     "world_size=100000 needs at least"),
     "tune_no_repeats": (["experiments.tune", "--repeats=0", "--measure_mb=5"], 2, "repeats=0"),
+    "hostval_one_rank": (["experiments.hostval", "--world_size=1"], 2, "world_size=1: DDP's communication needs"),
+    "hostval_negative_cap": (["experiments.hostval", "--caps_mb=1,-1"], 2, "caps_mb=[1.0, -1.0]"),
     "fig10_iters_not_a_multiple": (["experiments", "fig10", "--iters=3", "--dry-run"], 2,
                                    "iters=3 must be a multiple of every n"),
     "fig7_misspelled_option": (["experiments", "fig7", "--bucket_cap_mb=5"], 2,

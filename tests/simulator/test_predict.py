@@ -1,6 +1,7 @@
 """What ``simulator.predict`` adds to the simulation (DDP's copies, the buffer broadcast), the calibration file,
 and the `predict` command end to end (small model, loopback: a functional check, not a timing one)."""
 import json
+import statistics
 from dataclasses import asdict
 from pathlib import Path
 
@@ -86,12 +87,11 @@ def test_predict_command_probes_stores_and_reuses_a_calibration(tmp_path):
     assert cal.fit["calls_done_ms"] > 0  # what alpha was derived from, kept so that a later model can re-derive it
     # and when backward's compute ended beside those calls, which gave the share of their latency that slows it
     assert cal.fit["calls_backward_ms"] > 0 and 0 <= cal.profile.latency_contention <= 1
-    # DDP's host work from the stand-in on each rank, the slowest rank's kept. A launch per bucket costs far above
-    # noise (400 buckets: ~5x the backward); what DDP's hook adds over a hook that stamps is near it on a CPU
-    # (0-9 us a gradient across runs, so an honest zero where the medians' difference falls below the launches')
-    assert len(cal.fit["host_cost"]) == 2 and all(h["per_bucket_ms"] > 0 for h in cal.fit["host_cost"])
-    assert cal.host_per_bucket_ms == max(h["per_bucket_ms"] for h in cal.fit["host_cost"])
-    assert cal.host_per_gradient_ms == max(h["per_gradient_ms"] for h in cal.fit["host_cost"]) >= 0
+    # DDP's host work from the stand-in on each rank, per round the slowest rank's. A launch per bucket costs far
+    # above noise (400 buckets: ~5x the backward); what DDP's hook adds over a hook that stamps is near it on a CPU
+    # (2-8 us a gradient across runs, so an honest zero where the medians' difference falls below the launches')
+    assert len(cal.fit["host_cost"]) == 2 and all(len(h["backward_ms"]) == 3 for h in cal.fit["host_cost"])
+    assert cal.host_per_bucket_ms > 0 and cal.host_per_gradient_ms >= 0
     again = _predict("--model=small", "--net=loopback", "--bucket_cap_mb=1", "--json", f"--calibration={stored}",
                      cwd=tmp_path)
     assert json.loads(again.stdout.strip().splitlines()[-1])["predicted_ms"] == pytest.approx(out["predicted_ms"])
@@ -121,6 +121,17 @@ def test_host_cost_solves_per_gradient_and_per_bucket_from_three_backwards():
     assert (cost.per_gradient_ms, cost.per_bucket_ms) == (pytest.approx(0.02), pytest.approx(0.3))
     noisy = solve((5.0, 4.9, 4.8), gradients=10, copy_ms=0.1)
     assert (noisy.per_gradient_ms, noisy.per_bucket_ms) == (0.0, 0.0)  # noise never makes work negative
+
+
+def test_host_cost_takes_each_rounds_slowest_rank():
+    from simulator.host_cost import slowest
+
+    # 3 rounds of (no DDP, one bucket, one per gradient); the ranks take turns being slow
+    fast, slow = [[5.0, 6.0, 5.0], [5.6, 6.6, 5.6], [8.3, 9.3, 8.3]], [[6.0, 5.0, 7.0], [6.6, 5.6, 7.6], [9.3, 8.3, 10.3]]
+    cost = slowest([dict(backward_ms=fast, gradients=10, copy_ms=0.1), dict(backward_ms=slow, gradients=10,
+                                                                             copy_ms=0.1)])
+    assert cost.backward_ms == (6.0, 6.6, 9.3)  # medians of (6, 6, 7), (6.6, 6.6, 7.6), (9.3, 9.3, 10.3)
+    assert (cost.per_gradient_ms, cost.per_bucket_ms) == (pytest.approx(0.02), pytest.approx(0.3))
 
 
 def test_prediction_charges_the_calibrations_host_work_on_backwards_thread():
@@ -159,6 +170,24 @@ def test_contention_is_the_slowest_ranks_per_pair():
     assert slowest_rank_contention([rank0, rank1]) == pytest.approx(170 / 105 - 1)
     assert slowest_rank_contention([[(100.0, 90.0)]]) == 0.0  # faster under communication: no contention
     assert slowest_rank_contention([[], []]) == 0.0  # one rank: no pairs
+
+
+def test_compute_is_the_slowest_rank_in_each_iteration():
+    from simulator.calibrate import slowest_compute
+
+    def it(forward, backward, ready, optimizer=1.0):
+        return dict(forward=forward, backward=backward, ready=ready, optimizer=optimizer)
+
+    # the slower rank changes between iterations: each one's is what a synchronized iteration waits for
+    rank0 = [it(10.0, 20.0, [5.0, 20.0]), it(14.0, 20.0, [5.0, 20.0], 3.0), it(10.0, 20.0, [5.0, 20.0])]
+    rank1 = [it(14.0, 24.0, [4.0, 24.0], 3.0), it(10.0, 20.0, [5.0, 20.0]), it(10.0, 30.0, [5.0, 30.0])]
+    got = slowest_compute([dict(runs=rank0), dict(runs=rank1)])
+    # per iteration: forward 14, 14, 10; forward + backward 38, 34, 40 -> backward 24, 20, 30; optimizer 3, 3, 1
+    assert (got["forward_ms"], got["backward_ms"], got["optimizer_ms"]) == (14.0, 24.0, 3.0)
+    # each gradient's ready time counted from the iterations' common start: max(10 + 5, 14 + 4) - 14 = 4, then 5, 5
+    assert got["ready_ms"] == (5.0, 24.0)
+    # the slower rank's medians would have read 10 + 24 + 1 = 35 ms where the iterations' median is 40
+    assert max(statistics.median(r["forward"] for r in runs) for runs in (rank0, rank1)) == 10.0
 
 
 def test_a_stored_full_probe_is_refreshed_within_a_day_and_redone_after(tmp_path, monkeypatch):

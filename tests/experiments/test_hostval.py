@@ -1,0 +1,31 @@
+"""make hostval: a repeat probes, measures no DDP and DDP at each cap interleaved, and sets each cap's prediction
+(compute from the interleaved iterations) beside its measurement."""
+import pandas as pd
+import pytest
+
+from experiments import hostval
+
+
+def test_a_repeat_predicts_each_cap_from_the_compute_measured_beside_it(tmp_path, monkeypatch):
+    monkeypatch.setenv("DDP_REPRO_RESULTS", str(tmp_path))
+    cfg = hostval.Config(model="small", caps_mb=(0.01, 25.0), rounds=3, repeats=1, probe_iters=2)
+    table = hostval.run(cfg, root=tmp_path)
+    stored = pd.read_csv(tmp_path / "hostval" / "hostval.csv")
+    assert stored["predicted_ms"].tolist() == pytest.approx(table["predicted_ms"].tolist())
+    assert list(table["bucket_cap_mb"]) == [0.01, 25.0] and list(table["buckets"]) == [2, 1]
+    for r in table.itertuples():
+        assert r.error_pct == pytest.approx((r.predicted_ms / r.measured_ms - 1) * 100)
+        assert r.measured_forward_ms + r.measured_backward_ms + r.measured_optimizer_ms == pytest.approx(
+            r.measured_ms, rel=0.25)  # per-round slowest of each phase, against the slowest whole iteration
+        assert r.predicted_host_ms > 0 and r.compute_ms > 0 and r.probe_compute_ms > 0
+    # the interleaved compute is one value for the repeat; the caps differ in what DDP adds
+    assert table["compute_ms"].nunique() == 1 and table["predicted_ms"].iloc[0] != table["predicted_ms"].iloc[1]
+
+
+def test_the_summary_compares_medians_over_repeats():
+    rows = [dict(repeat=i, bucket_cap_mb=1.0, buckets=1, predicted_ms=p, measured_ms=m, error_pct=(p / m - 1) * 100,
+                 end_to_end_ms=e) for i, (p, m, e) in enumerate([(100, 90, 100), (110, 104, 99), (95, 100, 120)])]
+    out = hostval.summary(pd.DataFrame(rows)).iloc[0]
+    assert (out.predicted_ms, out.measured_ms, out.repeats) == (100, 100, 3)
+    assert out.error_pct == 0 and out.within_goal and out.end_to_end_error_pct == 0
+    assert (out.repeat_lo_pct, out.repeat_hi_pct) == (pytest.approx(-5.0), pytest.approx(100 / 9))
