@@ -22,10 +22,13 @@ def test_a_repeat_predicts_each_cap_from_the_compute_measured_beside_it(tmp_path
     assert table["compute_ms"].nunique() == 1 and table["predicted_ms"].iloc[0] != table["predicted_ms"].iloc[1]
 
 
-def test_the_summary_compares_medians_over_repeats():
+def test_the_summary_judges_the_median_of_each_repeats_own_error():
     rows = [dict(repeat=i, bucket_cap_mb=1.0, buckets=1, predicted_ms=p, measured_ms=m, error_pct=(p / m - 1) * 100,
-                 end_to_end_ms=e) for i, (p, m, e) in enumerate([(100, 90, 100), (110, 104, 99), (95, 100, 120)])]
+                 end_to_end_ms=e) for i, (p, m, e) in enumerate([(100, 90, 90), (110, 104, 104), (40, 50, 60)])]
     out = hostval.summary(pd.DataFrame(rows)).iloc[0]
-    assert (out.predicted_ms, out.measured_ms, out.repeats) == (100, 100, 3)
-    assert out.error_pct == 0 and out.within_goal and out.end_to_end_error_pct == 0
-    assert (out.repeat_lo_pct, out.repeat_hi_pct) == (pytest.approx(-5.0), pytest.approx(100 / 9))
+    # the repeats' errors +11.1%, +5.8%, -20%: their median +5.8% misses the goal
+    assert out.repeats == 3 and out.error_pct == pytest.approx(600 / 104) and not out.within_goal
+    assert out.ci_lo_pct <= out.error_pct <= out.ci_hi_pct
+    assert (out.repeat_lo_pct, out.repeat_hi_pct) == (pytest.approx(-20.0), pytest.approx(100 / 9))
+    assert out.medians_error_pct == pytest.approx((100 / 90 - 1) * 100)  # medians 100 and 90, of different repeats
+    assert out.end_to_end_error_pct == 0
