@@ -74,7 +74,7 @@ simval: setup
 	$(PY) -m experiments.simval $(ARGS)
 
 # What the simulator says DDP adds, where the host sets the pace: tiny-layers' DDP at 80/9/1 buckets against
-# predictions from its compute measured beside it (results/hostval/hostval.csv; 5 repeats, ~6 min).
+# predictions from its compute measured beside it (results/hostval/hostval.csv; 8 repeats, ~7 min).
 hostval: setup
 	$(PY) -m experiments.hostval $(ARGS)
 

@@ -1,6 +1,6 @@
 """Validate what the simulator says DDP adds where the host sets the pace (many tiny parameters).
 
-    make hostval                               tiny-layers, 2 ranks, caps 0.005 / 0.05 / 1 MiB, 8 repeats (~6 min)
+    make hostval                               tiny-layers, 2 ranks, caps 0.005 / 0.05 / 1 MiB, 8 repeats (~7 min)
     python -m experiments.hostval --repeats=1 --rounds=20
 
 Each repeat: a full calibration probe (:mod:`simulator.calibrate`), then one job on the same ranks in which every
