@@ -182,7 +182,8 @@ def main(argv: list[str] | None = None) -> int:
     def body() -> int:
         cfg = parse_dataclass(Config, argv, prog=prog)
         table = summary(run(cfg))
-        print(table.to_string(index=False, float_format=lambda x: f"{x:.1f}", formatters={"bucket_cap_mb": "{:g}".format}))
+        print(table.to_string(index=False, float_format=lambda x: f"{x:.1f}",
+                              formatters={"bucket_cap_mb": "{:g}".format}))
         print(f"{int(table['within_goal'].sum())} of {len(table)} caps predicted within {GOAL_PCT:g}% (the median "
               f"of {cfg.repeats} repeat(s)' errors); per repeat: {results_root() / EXPERIMENT / 'hostval.csv'}")
         return 0

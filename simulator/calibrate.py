@@ -216,7 +216,7 @@ def slowest_compute(rows) -> dict:
     rank's there (ready times and backward's end counted from the iterations' common start, then from the slowest
     forward's end), and the profile is their medians. Ranks sharing 2 cores differ by up to 1.5x in a phase, and
     not always the same rank: tiny-layers at 2 ranks took 53.6 ms an iteration by the slower rank per iteration,
-    47.5 ms by the slower rank's median, and 61.9 ms under DDP at one bucket."""
+    47.5 ms by the slower rank's medians."""
     iterations = []
     for runs in zip(*(r["runs"] for r in rows)):  # the ranks' k-th iterations, started together by a barrier
         forward = max(r["forward"] for r in runs)
@@ -261,11 +261,11 @@ def calibrate(cfg: TrainConfig, root=None) -> Calibration:
                              contention=slowest_rank_contention([r["contention_pairs"] for r in rows]),
                              comm_contention=median(r["comm_contention"] for r in rows))
     samples = [tuple(s) for s in rows[0]["comm_samples"]]
-    fit, ring = None, None
-    calls_done = median(median(r["calls_done_ms"]) for r in rows) if cfg.world_size > 1 else None
-    # per pass the slowest rank's backward, as the profile's
-    calls_backward = median(map(max, zip(*(r["calls_backward_ms"] for r in rows)))) if cfg.world_size > 1 else None
+    fit = ring = calls_done = calls_backward = None
     if cfg.world_size > 1:  # the bytes' cost from the link's calls, the per-call cost from the calls in backward
+        calls_done = median(median(r["calls_done_ms"]) for r in rows)
+        # per pass the slowest rank's backward, as the profile's
+        calls_backward = median(map(max, zip(*(r["calls_backward_ms"] for r in rows))))
         ring = fit_link(samples)
         beta = ring.model.beta_ms_per_byte
         alpha, share = fit_calls(profile, calls_done, calls_backward, cfg.world_size,

@@ -15,8 +15,8 @@ def test_a_repeat_predicts_each_cap_from_the_compute_measured_beside_it(tmp_path
     assert list(table["bucket_cap_mb"]) == [0.01, 25.0] and list(table["buckets"]) == [2, 1]
     for r in table.itertuples():
         assert r.error_pct == pytest.approx((r.predicted_ms / r.measured_ms - 1) * 100)
-        assert r.measured_forward_ms + r.measured_backward_ms + r.measured_optimizer_ms == pytest.approx(
-            r.measured_ms, rel=0.25)  # per-round slowest of each phase, against the slowest whole iteration
+        # per round the slowest rank's phase and whole iteration: no phase's median exceeds the iteration's
+        assert 0 < max(r.measured_forward_ms, r.measured_backward_ms, r.measured_optimizer_ms) <= r.measured_ms
         assert r.predicted_host_ms > 0 and r.compute_ms > 0 and r.probe_compute_ms > 0
     # the interleaved compute is one value for the repeat; the caps differ in what DDP adds
     assert table["compute_ms"].nunique() == 1 and table["predicted_ms"].iloc[0] != table["predicted_ms"].iloc[1]

@@ -127,9 +127,9 @@ def test_host_cost_takes_each_rounds_slowest_rank():
     from simulator.host_cost import slowest
 
     # 3 rounds of (no DDP, one bucket, one per gradient); the ranks take turns being slow
-    fast, slow = [[5.0, 6.0, 5.0], [5.6, 6.6, 5.6], [8.3, 9.3, 8.3]], [[6.0, 5.0, 7.0], [6.6, 5.6, 7.6], [9.3, 8.3, 10.3]]
-    cost = slowest([dict(backward_ms=fast, gradients=10, copy_ms=0.1), dict(backward_ms=slow, gradients=10,
-                                                                             copy_ms=0.1)])
+    rank0 = [[5.0, 6.0, 5.0], [5.6, 6.6, 5.6], [8.3, 9.3, 8.3]]
+    rank1 = [[6.0, 5.0, 7.0], [6.6, 5.6, 7.6], [9.3, 8.3, 10.3]]
+    cost = slowest([dict(backward_ms=times, gradients=10, copy_ms=0.1) for times in (rank0, rank1)])
     assert cost.backward_ms == (6.0, 6.6, 9.3)  # medians of (6, 6, 7), (6.6, 6.6, 7.6), (9.3, 9.3, 10.3)
     assert (cost.per_gradient_ms, cost.per_bucket_ms) == (pytest.approx(0.02), pytest.approx(0.3))
 
