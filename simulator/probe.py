@@ -183,7 +183,10 @@ def _calls_in_backward(probe: RankProbe) -> tuple[list[float], list[float]]:
     costs where DDP pays it: inside backward, carrying the gradient's bytes, while the ranks' compute threads hold
     the cores. Small calls alone (between barriers, back to back, or inside backward) cost per call a factor 2-5
     apart between rank counts and runs on 2 cores, and several times what a call costs DDP while bytes flow. The
-    first pass warms up."""
+    first pass warms up. Each completion is stamped by a Python callback, which takes the interpreter's lock on the
+    communication thread and about doubles what a tiny call costs after backward (0.5-0.75 -> 1.0-1.9 ms); counted
+    without it, and with the calls grouped as DDP's buckets, 80 buckets read 10-12% low (BENCHMARKS.md, "Where the
+    80 buckets' time goes")."""
     streams = [probe.iteration(calls=True) for _ in range(1 + LATENCY_ITERS)][1:]
     return [r["calls_done"] for r in streams], [r["backward"] for r in streams]
 
