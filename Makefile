@@ -7,9 +7,12 @@ TEST_STAMP := $(VENV)/.installed-test
 
 FIGURES := fig2 fig6 fig7 fig8 fig9 fig10 fig11 fig12
 # `make fig7 WORLD_SIZE=4 ARGS="--iters=20"`: any driver Config field can be overridden through ARGS.
-# WORLD_SIZE applies to the figures measured at one world size; fig9/fig10 take ARGS="--world_sizes=1,2,4".
+# WORLD_SIZE applies to the commands measured at one world size; those that sweep world sizes refuse it (fig9 takes
+# ARGS="--world_sizes=1,2,4"), as gpu-check does (it runs on every visible GPU).
 WS_ARG = $(if $(WORLD_SIZE),--world_size=$(WORLD_SIZE))
-fig9 fig10 fig11 fig2: WS_ARG =
+fig2 fig9 fig10 zero simval: WS_ARG = $(if $(WORLD_SIZE),$(error WORLD_SIZE=$(WORLD_SIZE): make $@ sweeps world \
+	sizes; give them as ARGS="--world_sizes=..."))
+gpu-check: WS_ARG = $(if $(WORLD_SIZE),$(error WORLD_SIZE=$(WORLD_SIZE): make gpu-check runs on every visible GPU))
 
 .PHONY: setup test clean figures plots claims timeline bench gpu-check simval hostval tune zero torch-ddp-tests $(FIGURES)
 
@@ -41,49 +44,52 @@ test: $(TEST_STAMP)
 $(FIGURES): setup
 	$(PY) -m experiments $@ $(WS_ARG) $(ARGS)
 
-figures: $(FIGURES)
+# every figure's ARGS checked (a dry run each, seconds) before hours of measuring: not every driver has every field
+figures: setup
+	@for f in $(FIGURES); do $(PY) -m experiments $$f $(ARGS) --dry-run > /dev/null || exit 2; done
+	$(MAKE) --no-print-directory $(FIGURES)
 
 # DDP beside ZeRO-1, FSDP2 (ZeRO-3 and ZeRO-2-like) and DeepSpeed ZeRO 1-3: runtime, memory by category, traffic
 # (results/figures/zero.png); `make zero ARGS="--models=resnet101 --world_sizes=1,2 --optimizer=sgd"`.
 zero: setup
-	$(PY) -m experiments zero $(ARGS)
+	$(PY) -m experiments zero $(WS_ARG) $(ARGS)
 
 plots: setup
-	$(PY) -m experiments plots
+	$(PY) -m experiments plots $(ARGS)
 
 # One iteration's per-bucket timeline (ready, launch, true completion) as a figure and a Chrome/Perfetto trace.
 timeline: setup
-	$(PY) -m experiments.timeline $(ARGS)
+	$(PY) -m experiments.timeline $(WS_ARG) $(ARGS)
 
 # Every measured number beside the paper's, one chart (results/figures/claims.png), from stored results.
 claims: setup
-	$(PY) -m experiments claims
+	$(PY) -m experiments claims $(ARGS)
 
 # Our DDP vs torch's, interleaved, per (model, bucket cap); `make bench ARGS="--models=resnet50 --bucket_caps_mb=25"`.
 bench: setup
-	$(PY) -m experiments.bench $(ARGS)
+	$(PY) -m experiments.bench $(WS_ARG) $(ARGS)
 
 # The GPU path in one command on any CUDA machine (~6 min on one H100): ours vs torch's DDP on the device, the bench
 # at world size = GPUs, a fig7 smoke on NCCL, predict beside it -> results/gpu-check/summary.md; without CUDA it
 # says so and exits 0. With torch preinstalled and no network: `PYTHONPATH=. python3 -m experiments.gpu_check`.
 gpu-check: setup
-	$(PY) -m experiments.gpu_check $(ARGS)
+	$(PY) -m experiments.gpu_check $(WS_ARG) $(ARGS)
 
 # The simulator's predictions against fresh measurements (results/simval/, results/figures/simval.png; 3 rounds + a side-by-side tuning check, ~3 h).
 simval: setup
-	$(PY) -m experiments.simval $(ARGS)
+	$(PY) -m experiments.simval $(WS_ARG) $(ARGS)
 
 # What the simulator says DDP adds, where the host sets the pace: tiny-layers' DDP at 80/9/1 buckets against
 # predictions from its compute measured beside it (results/hostval/hostval.csv; 8 repeats, ~7 min).
 hostval: setup
-	$(PY) -m experiments.hostval $(ARGS)
+	$(PY) -m experiments.hostval $(WS_ARG) $(ARGS)
 
 # A bucket cap recommended by the simulator, then measured beside torch's default and the best measured cap
 # (results/figures/tune.png); `make tune ARGS="--model=bert-base --world_size=3 --net=1gbit"`.
 tune: setup
-	$(PY) -m experiments.tune $(ARGS)
+	$(PY) -m experiments.tune $(WS_ARG) $(ARGS)
 
-# torch's own DDP tests against ours (~12 min, outside `make test`); fails if ours misses one torch passes
+# torch's own DDP tests against ours (~10 min, outside `make test`); fails if ours misses one torch passes
 TORCH_SUITE_OUT ?= /tmp/torch-ddp-tests
 torch-ddp-tests: $(TEST_STAMP)
 	SHIM_CUDA=1 OUT=$(TORCH_SUITE_OUT) tests/torch_suite/run.sh ours; \

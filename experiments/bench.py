@@ -77,10 +77,16 @@ def validate_bench(cfg: BenchConfig) -> BenchConfig:
     for name, value, allowed in choices:
         if value not in allowed:
             raise ValueError(f"unknown {name} {value!r}; choose one of {list(allowed)}")
-    caps = (*cfg.bucket_caps_mb, cfg.memory_cap_mb)
-    if not cfg.models or not cfg.bucket_caps_mb or not all(0 <= c < math.inf for c in caps):
+    if not cfg.models or not cfg.bucket_caps_mb or not all(0 <= c < math.inf for c in cfg.bucket_caps_mb):
         raise ValueError(f"models and bucket_caps_mb must be non-empty, caps finite and >= 0 MiB; got "
-                         f"models={cfg.models} bucket_caps_mb={cfg.bucket_caps_mb} memory_cap_mb={cfg.memory_cap_mb}")
+                         f"models={cfg.models} bucket_caps_mb={cfg.bucket_caps_mb}")
+    if not 0 <= cfg.memory_cap_mb < math.inf:
+        raise ValueError(f"memory_cap_mb must be finite and >= 0 MiB, got {cfg.memory_cap_mb}")
+    if not (cfg.latency or cfg.memory):
+        raise ValueError("latency=false and memory=false: nothing to measure")
+    if cfg.threads_per_rank < 0 or not cfg.timeout_s > 0:
+        raise ValueError(f"threads_per_rank must be >= 0 (0: cores // ranks) and timeout_s > 0, got "
+                         f"{cfg.threads_per_rank} and {cfg.timeout_s}")
     if cfg.world_size == 0:
         cfg = dataclasses.replace(cfg, world_size=env.default_world_size(backend))
     for name, low, why in (("iters", 1, ""), ("warmup", 2, " (both DDPs rebuild their buckets after the first)"),

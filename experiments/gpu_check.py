@@ -33,7 +33,7 @@ from harness.config import parse_dataclass
 from harness.errors import command_line, refusing
 from harness.launch import launch
 from harness.results import results_root
-from experiments.bench import BenchConfig, run_bench
+from experiments.bench import BenchConfig, run_bench, validate_bench
 
 PROG = "python -m experiments.gpu_check"
 STEPS = ("parity", "bench", "fig7", "predict")
@@ -61,6 +61,10 @@ def plan(cfg: GpuCheckConfig) -> dict:
         raise ValueError("models and bucket_caps_mb must be non-empty, bench_iters and fig7_iters >= 1")
     if not cfg.steps or set(cfg.steps) - set(STEPS):
         raise ValueError(f"steps must be a non-empty subset of {','.join(STEPS)}, got {','.join(cfg.steps)}")
+    if not cfg.timeout_s > 0:
+        raise ValueError(f"timeout_s must be > 0, got {cfg.timeout_s}")
+    # models and caps as the bench checks them, before any step (or the GPU's absence) is reached
+    validate_bench(BenchConfig(models=cfg.models, bucket_caps_mb=cfg.bucket_caps_mb, backend="gloo", profile="cpu"))
     if cfg.device == "cpu":
         return dict(backend="gloo", world_size=2, parity_backend="gloo", parity_world_size=2, profile="cpu")
     gpus = env.cuda_devices()

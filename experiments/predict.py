@@ -5,7 +5,9 @@
     python -m experiments predict --calibration=results/calibration/....json --bucket_cap_mb=5
     python -m experiments predict --cluster=paper-v100 --world_size=256 --backend=nccl --model=bert-base
 
-Any point option of the figure drivers (``TrainConfig``) is accepted. Without ``--calibration`` a probe
+Any point option of the figure drivers (``TrainConfig``) is accepted, but for DDP implementations other than ours
+and torch's and the options the simulation does not model (``UNMODELLED``: refused rather than ignored). Without
+``--calibration`` a probe
 (:mod:`simulator.calibrate`) measures this machine now, on the point's own ranks and network, and is stored under
 ``results/calibration/``; the prediction names the calibration it used. The link's cost per byte comes from
 ``make fig2``'s allreduce microbenchmark: its stored calls where they ran on this very link (same backend, ranks,
@@ -41,18 +43,37 @@ from harness.results import results_root
 PROBE_ITERS = {"cpu": (3, 1), "cuda": (20, 5)}
 CALIBRATION_DIR = "calibration"
 REFRESH_HOURS = 24.0  # a stored full probe younger than this is refreshed (compute only) instead of redone
+DDP_IMPLS = ("ours", "torch")
+# point options the simulation does not model: refused at any value but their default, rather than ignored
+UNMODELLED = ("comm_hook", "gradient_as_bucket_view", "optimizer", "checkpointing", "memory", "replicas", "fault")
+# what a stored calibration must share with the point it predicts (malloc: glibc's default before the field)
+CALIBRATION_KEYS = ("model", "profile", "batch_size", "world_size", "backend", "net", "hosts", "threads_per_rank",
+                    "malloc")
 
 
 def calibration_path(cfg: TrainConfig, root=None) -> Path:
-    """One file per (model, profile, batch, ranks, backend, network, threads, allocator) on this machine."""
+    """One file per (model, profile, batch, ranks, backend, network, hosts, threads, allocator) on this machine."""
     import socket
 
     cfg = validate(cfg)  # auto profile and backend made concrete
     net = cfg.net.replace("/", "_")
     malloc = "" if cfg.malloc == "default" else f"-{cfg.malloc}"
-    name = (f"{cfg.model}-{cfg.profile}-b{cfg.batch_size}-n{cfg.world_size}-{cfg.backend}-{net}"
+    hosts = "" if cfg.hosts == 1 else f"-h{cfg.hosts}"
+    name = (f"{cfg.model}-{cfg.profile}-b{cfg.batch_size}-n{cfg.world_size}-{cfg.backend}-{net}{hosts}"
             f"-t{cfg.threads_per_rank}{malloc}-{socket.gethostname()}.json")
     return Path(results_root(root)) / CALIBRATION_DIR / name
+
+
+def modelled(cfg: TrainConfig) -> TrainConfig:
+    """``cfg`` if the simulation models every option it sets; else a ValueError naming the first it would ignore."""
+    if cfg.impl not in DDP_IMPLS:
+        raise ValueError(f"impl={cfg.impl!r}: predict models DDP's buckets ({' or '.join(DDP_IMPLS)}), not this system")
+    plain = TrainConfig()
+    for name in UNMODELLED:
+        if getattr(cfg, name) != getattr(plain, name):
+            raise ValueError(f"{name}={getattr(cfg, name)!r}: predict does not model it (its probe trains with "
+                             f"{name}={getattr(plain, name)!r}); leave it out")
+    return cfg
 
 
 def probe_point(cfg: TrainConfig) -> TrainConfig:
@@ -70,8 +91,8 @@ def calibration_for(cfg: TrainConfig, stored: str = "", root=None, probe: str = 
 
     if stored:
         cal = _load(stored)
-        for key in ("model", "profile", "world_size", "backend", "malloc"):
-            probed = cal.point.get(key, "default")  # calibrations older than the malloc field: glibc's default
+        for key in CALIBRATION_KEYS:
+            probed = cal.point.get(key, getattr(TrainConfig(), key))  # fields added since: their default then
             if probed != getattr(cfg, key):
                 raise ValueError(f"calibration {stored} was probed with {key}={probed!r}, but the point "
                                  f"asks for {key}={getattr(cfg, key)!r}; probe again (leave out --calibration)")
@@ -133,8 +154,7 @@ def main(argv: list[str] | None = None) -> int:
 
 def _main(argv: list[str] | None) -> int:
     parser = OneLineParser(prog="python -m experiments predict", description=__doc__.split("\n\n")[0])
-    add_dataclass_arguments(parser, TrainConfig)
-    parser.set_defaults(model="resnet50")
+    add_dataclass_arguments(parser, TrainConfig, defaults=dict(model="resnet50"))
     parser.add_argument("--calibration", default="", help="a stored calibration file (default: probe now)")
     parser.add_argument("--probe", choices=("auto", "full"), default=None,
                         help=f"auto (default): re-time only the compute of this point's stored probe if younger than "
@@ -144,7 +164,7 @@ def _main(argv: list[str] | None) -> int:
     parser.add_argument("--json", action="store_true", help="print one JSON object (predicted_ms, breakdown)")
     ns = parser.parse_args(argv)
     with refusing():
-        cfg = dataclass_from_namespace(TrainConfig, ns)
+        cfg = modelled(dataclass_from_namespace(TrainConfig, ns))
         if ns.cluster:
             from simulator.clusters import cluster_calibration
 

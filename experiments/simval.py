@@ -29,7 +29,8 @@ import pandas as pd
 from experiments import common, plotting, verdicts
 from harness import TrainConfig, parse_dataclass, run_sweep
 from harness.config import point_id, validate
-from harness.errors import ConfigError, command_line
+from harness.errors import ConfigError, command_line, refusing
+from harness.preflight import preflight
 from harness.results import load_results, results_root, stored_point_ids
 
 EXPERIMENT = "simval"
@@ -101,12 +102,28 @@ def measured_ms(rows: pd.DataFrame, sync_every: int) -> float:
                  / sync_every)
 
 
+def check(cfg: Config) -> None:
+    """Every setting checked before the first probe (ValueError naming the first bad one): a bad value in a later
+    group would otherwise stop the run after hours."""
+    for name in ("rounds", "iters", "no_sync_cycles", "confirm_iters"):
+        if getattr(cfg, name) < 1:
+            raise ValueError(f"{name}={getattr(cfg, name)}: needs at least 1")
+    if cfg.confirm_repeats < 0:
+        raise ValueError(f"confirm_repeats={cfg.confirm_repeats}: needs 0 or more")
+    if not cfg.models or not (cfg.nets or cfg.world_sizes):
+        raise ValueError("give at least one model and one of nets or world_sizes")
+    points = [validate(p) for probe, group in groups(cfg) for p in (probe, *group)]
+    preflight(points)
+
+
 def run(cfg: Config, root=None) -> pd.DataFrame:
     from experiments.predict import calibration_path
     from simulator.calibrate import Calibration, calibrate
     from simulator.predict import Scenario, predict
     from simulator.tune import recommend
 
+    with refusing():
+        check(cfg)
     records = []
     for r, (probe, points) in itertools.product(range(cfg.rounds), groups(cfg)):
         points = [dataclasses.replace(p, repeat=r) for p in points]

@@ -21,7 +21,7 @@ import pandas as pd
 
 from experiments import common, plotting
 from harness import TrainConfig, parse_dataclass, run_sweep
-from harness.config import DEFAULT_NET
+from harness.config import DEFAULT_NET, point_id, validate
 from harness.env import is_writer
 from harness.errors import command_line
 
@@ -112,13 +112,13 @@ def run(cfg: Config) -> int:
     df = run_sweep(NAME, [point(cfg)])  # refuses a bad value, or ranks this machine cannot hold, before any starts
     if not is_writer():
         return 0
+    # this very point's rows: others stored under results/timeline (other iters, profile, backend) are left alone
     df = common.ok_rows(df, net=cfg.net)
-    df = df[df["trace_buckets"].fillna(False).astype(bool) & (df["model"] == cfg.model)
-            & (df["bucket_cap_mb"] == cfg.bucket_cap_mb) & (df["world_size"] == cfg.world_size)]
+    df = df[df["point_id"] == point_id(validate(point(cfg)))]
     if df.empty:
         print(f"[{NAME}] no successful traced point stored; see results/{NAME}/ for the error")
         return 1
-    rows = median_iteration(df[df["point_id"] == df["point_id"].iloc[-1]])
+    rows = median_iteration(df)
     png = plotting.save(plot(rows, cfg), NAME)
     trace = png.with_name(f"{NAME}.trace.json")
     trace.write_text(json.dumps(chrome_trace(rows)))

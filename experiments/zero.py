@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import sys
 from dataclasses import dataclass
 
 import numpy as np
@@ -333,3 +334,9 @@ def _verdicts(df, cfg: Config, model: str) -> list[str]:
                        f"{hi / lo:.1f}x less): model state {state[lo] / state[hi]:.2f}x less, whole peak "
                        f"{peak[lo] / peak[hi]:.2f}x less (activations are not sharded)")
     return out
+
+
+if __name__ == "__main__":  # `python -m experiments.zero ARGS` is `python -m experiments zero ARGS`
+    from experiments.__main__ import main
+
+    sys.exit(main(["zero", *sys.argv[1:]]))

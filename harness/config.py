@@ -310,12 +310,16 @@ class OneLineParser(argparse.ArgumentParser):
         self.exit(2, f"{self.prog}: error: {message}\n")
 
 
-def add_dataclass_arguments(parser: argparse.ArgumentParser, cls) -> argparse.ArgumentParser:
-    """Add one ``--name=value`` option per field of dataclass ``cls`` (default: the field's default)."""
+def add_dataclass_arguments(parser: argparse.ArgumentParser, cls, defaults: dict | None = None) \
+        -> argparse.ArgumentParser:
+    """Add one ``--name=value`` option per field of dataclass ``cls`` (default: ``defaults``' value, else the
+    field's), the default shown in ``--help``."""
     hints = typing.get_type_hints(cls)
     for f in dataclasses.fields(cls):
         required = False
-        if f.default is not dataclasses.MISSING:
+        if f.name in (defaults or {}):
+            default = defaults[f.name]
+        elif f.default is not dataclasses.MISSING:
             default = f.default
         elif f.default_factory is not dataclasses.MISSING:  # type: ignore[misc]
             default = f.default_factory()  # type: ignore[misc]

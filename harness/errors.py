@@ -8,7 +8,9 @@ Everything a sweep checks before it starts a rank (values, combinations, the mac
 from __future__ import annotations
 
 import contextlib
+import signal
 import sys
+import threading
 from typing import Callable, Iterator
 
 
@@ -28,9 +30,20 @@ def refusing() -> Iterator[None]:
 
 
 def command_line(prog: str, body: Callable[[], int]) -> int:
-    """``body()``'s exit status, or 2 after one ``<prog>: error: ...`` line on stderr if it refused an input."""
+    """``body()``'s exit status, or 2 after one ``<prog>: error: ...`` line on stderr if it refused an input.
+    SIGTERM (``timeout``, ``kill``, ``scancel``) ends it as an exception would, so that its rank pools close and
+    stop their ranks: the network-emulation helper runs in a session of its own, which the signal does not reach."""
+    main_thread = threading.current_thread() is threading.main_thread()
+    before = signal.signal(signal.SIGTERM, _exit_on_sigterm) if main_thread else None
     try:
         return body()
     except ConfigError as exc:
         print(f"{prog}: error: {exc}", file=sys.stderr)
         return 2
+    finally:
+        if main_thread:
+            signal.signal(signal.SIGTERM, before)
+
+
+def _exit_on_sigterm(signum, _frame) -> None:
+    raise SystemExit(128 + signum)

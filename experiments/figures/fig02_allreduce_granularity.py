@@ -42,13 +42,15 @@ class Config(common.Timed):
 
 
 def points(cfg: Config) -> list:
+    # a call larger than every parameter is one call of all of them (--total_params below the defaults' largest)
+    calls = sorted({min(k, cfg.total_params) for k in cfg.params_per_call})
     out = []
     for n in cfg.world_sizes:
         backends, _ = common.split_backends(cfg.backends, n)
         out += [AllreduceConfig(backend=b, world_size=n, profile=cfg.profile, total_params=cfg.total_params,
-                                params_per_call=min(k, cfg.total_params), iters=cfg.iters, warmup=cfg.warmup,
-                                net=cfg.net, hosts=cfg.hosts, repeat=r)
-                for r in range(cfg.repeats) for b in backends for k in cfg.params_per_call]
+                                params_per_call=k, iters=cfg.iters, warmup=cfg.warmup, net=cfg.net, hosts=cfg.hosts,
+                                repeat=r)
+                for r in range(cfg.repeats) for b in backends for k in calls]
     # backward compute of the model alone: one rank, no DDP; on the GPU when there is one
     out += [TrainConfig(model=cfg.compute_model, impl="local", world_size=1, profile=cfg.profile,
                         iters=cfg.iters, warmup=cfg.warmup, repeat=r) for r in range(cfg.repeats)]

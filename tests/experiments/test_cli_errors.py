@@ -9,8 +9,10 @@ import math
 import os
 import re
 import runpy
+import signal
 import subprocess
 import sys
+import time
 import typing
 from pathlib import Path
 
@@ -124,7 +126,13 @@ def test_bucket_caps_are_accepted_exactly_when_a_ddp_takes_them(caps):
     (["plots", "fig99"], "python -m experiments plots", "unknown figure 'fig99'"),
     (["predict", "--model=vgg"], "python -m experiments predict", "unknown model 'vgg'; choose one of"),
     (["predict", "--backend=nccl"], "python -m experiments predict", "backend='nccl' needs CUDA"),
+    # what the simulation does not model is refused, not ignored
+    (["predict", "--cluster=paper-v100", "--impl=local"], "python -m experiments predict",
+     "impl='local': predict models DDP's buckets"),
+    (["predict", "--cluster=paper-v100", "--optimizer=adam"], "python -m experiments predict",
+     "optimizer='adam': predict does not model it"),
 ])
+
 def test_refusals_of_the_machine_and_other_commands(argv, prog, message):
     code, err = _run(argv)
     if message is None:  # nothing this machine can run: no points, a clean exit
@@ -132,6 +140,12 @@ def test_refusals_of_the_machine_and_other_commands(argv, prog, message):
         return
     assert _refused_in_one_line(code, err, prog) and message in err, err
 
+
+def test_predict_help_shows_the_model_it_predicts_by_default(capsys):
+    with pytest.raises(SystemExit) as done:
+        main(["predict", "--help"])
+    assert done.value.code == 0
+    assert re.search(r"--model str\s+\(default: 'resnet50'\)", capsys.readouterr().out)
 
 def test_bench_refuses_in_one_line(capsys):
     assert bench.main(["--bucket_caps_mb=-1"]) == 2
@@ -178,6 +192,14 @@ COMMANDS = {  # argv after `python -m`: (exit status, what the one stderr line s
     "timeline_world_size_too_big": (["experiments.timeline", "--world_size=100000"], 2,
                                     "world_size=100000 needs at least"),
     "tune_no_repeats": (["experiments.tune", "--repeats=0", "--measure_mb=5"], 2, "repeats=0"),
+    # every group of the validation grid checked before its first probe (a bad later group failed hours in)
+    "simval_unknown_model": (["experiments.simval", "--models=resnet50,vgg"], 2, "unknown model 'vgg'"),
+    "simval_world_size_0": (["experiments.simval", "--nets=", "--world_sizes=0"], 2, "world_size must be a positive"),
+    "simval_no_rounds": (["experiments.simval", "--rounds=0"], 2, "rounds=0: needs at least 1"),
+    # checked before the GPU's absence is reported (or before minutes of the parity step on one)
+    "gpu_check_unknown_model": (["experiments.gpu_check", "--models=vgg"], 2, "unknown model 'vgg'"),
+    "bench_nothing_to_measure": (["experiments.bench", "--latency=false", "--memory=false"], 2, "nothing to measure"),
+    "zero_as_a_module_help": (["experiments.zero", "--help"], 0, "usage: python -m experiments zero"),
     "hostval_one_rank": (["experiments.hostval", "--world_size=1"], 2, "world_size=1: DDP's communication needs"),
     "hostval_negative_cap": (["experiments.hostval", "--caps_mb=1,-1"], 2, "caps_mb=[1.0, -1.0]"),
     "fig10_iters_not_a_multiple": (["experiments", "fig10", "--iters=3", "--dry-run"], 2,
@@ -240,3 +262,37 @@ def test_each_entry_point_keeps_the_promise(commands, name, monkeypatch, tmp_pat
         return
     prog = "python -m " + " ".join(a for a in argv[:2] if not a.startswith("-"))
     assert len(err.splitlines()) == 1 and err.startswith(f"{prog}: error: ") and says in err, err
+
+
+def test_a_terminated_command_ends_as_an_exception_so_its_pools_close():
+    # SIGTERM (timeout, kill, scancel) raises SystemExit inside the body: `with` blocks and ExitStacks close their
+    # rank pools (the network-emulation helper's session is not reached by the signal itself)
+    from harness.errors import command_line
+
+    closed = []
+
+    def body() -> int:
+        try:
+            os.kill(os.getpid(), signal.SIGTERM)
+            time.sleep(5)
+            return 0
+        finally:
+            closed.append(True)
+
+    before = signal.getsignal(signal.SIGTERM)
+    with pytest.raises(SystemExit) as done:
+        command_line("prog", body)
+    assert done.value.code == 128 + signal.SIGTERM and closed == [True]
+    assert signal.getsignal(signal.SIGTERM) is before  # restored for whatever runs next
+
+
+@pytest.mark.parametrize("target, world_size, says", [
+    ("fig9", 4, "make fig9 sweeps world sizes"), ("zero", 2, "make zero sweeps world sizes"),
+    ("gpu-check", 2, "runs on every visible GPU"), ("fig11", 4, "-m experiments fig11 --world_size=4"),
+    ("hostval", 3, "-m experiments.hostval --world_size=3"),
+])
+def test_make_passes_world_size_where_it_applies_and_refuses_it_elsewhere(target, world_size, says):
+    done = subprocess.run(["make", "-n", target, f"WORLD_SIZE={world_size}"], cwd=REPO, capture_output=True,
+                          text=True)
+    refused = "sweeps" in says or "GPU" in says
+    assert (done.returncode != 0) == refused and says in (done.stderr if refused else done.stdout), done

@@ -193,3 +193,11 @@ def test_tune_draws_the_paired_ratios_its_report_reads(tmp_path, monkeypatch):
     assert f"measured recommended 5 MiB: {verdicts.spread(verdicts.per_repeat(per_task).xs(5)).fmt()}, " \
            f"{ranking.ratios[5].fmt('x', 3)} of the best measured (25 MiB)" in tune.report(out)
     plt.close(figures[0])
+
+
+def test_fig2_calls_larger_than_every_parameter_are_one_call_of_all_once():
+    from experiments.figures import fig02_allreduce_granularity as fig2
+
+    calls = [p.params_per_call for p in fig2.points(fig2.Config(total_params=1_000_000, repeats=1, backends=("gloo",)))
+             if type(p).__name__ == "AllreduceConfig"]
+    assert sorted(calls) == [10_000, 100_000, 1_000_000]  # 10M and 25.6M: the one call of all, not twice more
