@@ -58,6 +58,8 @@ class Config:
 
 
 def points(cfg: Config) -> list[ConvergenceConfig]:
+    if cfg.smooth < 1:
+        raise ValueError(f"smooth={cfg.smooth}: the loss's rolling window needs at least 1 iteration")
     return [ConvergenceConfig(dataset=cfg.dataset, data_dir=cfg.data_dir, world_size=cfg.world_size,
                               backend=cfg.backend, batch_size=b, sync_every=n, iters=cfg.iters, lr=cfg.lr,
                               momentum=cfg.momentum, eval_every=cfg.eval_every, seed=seed,
