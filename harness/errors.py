@@ -41,8 +41,8 @@ def command_line(prog: str, body: Callable[[], int]) -> int:
         print(f"{prog}: error: {exc}", file=sys.stderr)
         return 2
     finally:
-        if main_thread:
-            signal.signal(signal.SIGTERM, before)
+        if main_thread:  # None: a handler not set from Python, which cannot be put back; the default then
+            signal.signal(signal.SIGTERM, signal.SIG_DFL if before is None else before)
 
 
 def _exit_on_sigterm(signum, _frame) -> None:
