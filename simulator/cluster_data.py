@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import functools
 import json
+import math
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
@@ -76,8 +77,8 @@ class Cluster:
 
     def with_bandwidth(self, factor: float) -> "Cluster":
         """Every link's bandwidth times ``factor``: how much a conclusion leans on the assumed rates."""
-        if not factor > 0:
-            raise ValueError(f"bandwidth factor must be > 0, got {factor}")
+        if not 0 < factor < math.inf:
+            raise ValueError(f"bandwidth factor must be finite and > 0, got {factor}")
         links = {b: _scaled(t, factor) for b, t in self.links.items()}
         return replace(self, name=f"{self.name} x{factor:g} bandwidth", links=links)
 

@@ -198,6 +198,8 @@ COMMANDS = {  # argv after `python -m`: (exit status, what the one stderr line s
     "simval_no_rounds": (["experiments.simval", "--rounds=0"], 2, "rounds=0: needs at least 1"),
     # checked before the GPU's absence is reported (or before minutes of the parity step on one)
     "gpu_check_unknown_model": (["experiments.gpu_check", "--models=vgg"], 2, "unknown model 'vgg'"),
+    "paper_scale_infinite_bandwidth": (["experiments.paper_scale", "--bandwidth=inf"], 2,
+                                       "bandwidth factor must be finite and > 0"),
     "bench_nothing_to_measure": (["experiments.bench", "--latency=false", "--memory=false"], 2, "nothing to measure"),
     "zero_as_a_module_help": (["experiments.zero", "--help"], 0, "usage: python -m experiments zero"),
     "hostval_one_rank": (["experiments.hostval", "--world_size=1"], 2, "world_size=1: DDP's communication needs"),

@@ -64,8 +64,10 @@ def test_a_cluster_calibration_is_its_stated_numbers():
     faster = c.with_bandwidth(2.0).links["gloo"]
     assert faster.inter.beta_ms_per_byte == pytest.approx(c.links["gloo"].inter.beta_ms_per_byte / 2)
     assert faster.intra.alpha_ms == c.links["gloo"].intra.alpha_ms  # latency is not bandwidth
-    with pytest.raises(ValueError, match="must be > 0"):
+    with pytest.raises(ValueError, match="must be finite and > 0"):
         c.with_bandwidth(0)
+    with pytest.raises(ValueError, match="must be finite and > 0"):
+        c.with_bandwidth(float("inf"))
     with pytest.raises(ValueError, match="unknown cluster"):
         cluster_calibration("nope", "small", "nccl", 8)
     with pytest.raises(ValueError, match="no numbers for backend 'mpi'"):
