@@ -222,8 +222,8 @@ class DistributedDataParallel(nn.Module, Joinable):
 
     def _current_buffers(self) -> list[torch.Tensor]:
         """The module's buffers as they are now (one may have been replaced or registered since the last forward),
-        read from the modules it had at construction: ``module.buffers()`` walks the tree with names, 0.6 ms before
-        every forward for 400 layers on this CPU, where reading each module's buffers is ~30x cheaper."""
+        read from the modules it had at construction (torch's DDP keeps the buffers themselves): ``module.buffers()``
+        walks the tree with names, 0.42 ms before every forward for 400 layers on this CPU against 0.05 ms here."""
         found = {id(b): b for m in self._modules_now for b in m._buffers.values() if b is not None}
         return [b.detach() for b in found.values()]
 

@@ -57,8 +57,8 @@ def plan(cfg: GpuCheckConfig) -> dict:
     """Backend and world sizes for this machine: NCCL over every GPU, Gloo sharing one GPU for the comparison."""
     if cfg.device not in ("cuda", "cpu"):
         raise ValueError(f"device must be 'cuda' or 'cpu', got {cfg.device!r}")
-    if cfg.bench_iters < 1 or cfg.fig7_iters < 1 or not cfg.models or not cfg.bucket_caps_mb:
-        raise ValueError("models and bucket_caps_mb must be non-empty, bench_iters and fig7_iters >= 1")
+    if cfg.bench_iters < 1 or cfg.fig7_iters < 1:
+        raise ValueError(f"bench_iters and fig7_iters must be >= 1, got {cfg.bench_iters} and {cfg.fig7_iters}")
     if not cfg.steps or set(cfg.steps) - set(STEPS):
         raise ValueError(f"steps must be a non-empty subset of {','.join(STEPS)}, got {','.join(cfg.steps)}")
     if not cfg.timeout_s > 0:
