@@ -298,3 +298,10 @@ def test_make_passes_world_size_where_it_applies_and_refuses_it_elsewhere(target
                           text=True)
     refused = "sweeps" in says or "GPU" in says
     assert (done.returncode != 0) == refused and says in (done.stderr if refused else done.stdout), done
+
+
+@pytest.mark.parametrize("flag", ["--dry-run", "--dry_run"])
+def test_a_figure_takes_either_spelling_of_its_flags(flag):
+    # python -m harness spells --dry_run; a user coming from it is not refused here
+    code, err = _run(["fig7", "--models=small", flag, "--retry_errors"])
+    assert code == 0 and "Traceback" not in err, err

@@ -58,3 +58,10 @@ def test_help_lists_the_options(main, argv, options):
     code, out, err = _run(main, argv)
     assert code == 0 and not err and out.startswith("usage: python -m harness")
     assert all(o in out for o in options), out
+
+
+@pytest.mark.parametrize("flag", ["--dry_run", "--dry-run"])
+def test_dry_run_takes_either_spelling(flag, capsys):
+    # the experiments spell their flags with hyphens, the harness's fields with underscores: both take either
+    code, out, err = _run(cli.main, ["train", "--model=small", "--iters=2", flag])
+    assert code == 0 and "pending" in out + err, (out, err)
