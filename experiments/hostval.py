@@ -51,7 +51,7 @@ class Config:
     caps_mb: tuple[float, ...] = (0.005, 0.05, 1.0)  # tiny-layers: 80, 9 and 1 buckets
     rounds: int = 60  # measured rounds of the interleaved job (one iteration of each variant each)
     warmup: int = 3
-    # probe + job, each repeat's prediction against its own measurement: single repeats spread -21% to +25% (the
+    # probe + job, each repeat's prediction against its own measurement: single repeats spread -29% to +26% (the
     # probe's per-call latency and per-gradient cost move between probes), runs of 5 repeats -9% to +10%
     repeats: int = 8
     probe_iters: int = 30
