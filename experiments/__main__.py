@@ -37,9 +37,12 @@ def run_figure(driver, argv: list[str]) -> int:
     parser = OneLineParser(prog=f"python -m experiments {driver.FIGURE}",
                            description=(driver.__doc__ or "").split("\n\n")[0])
     add_dataclass_arguments(parser, driver.Config)
+    # each also with underscores, as python -m harness spells them
     parser.add_argument("--dry-run", "--dry_run", action="store_true", help="list the points, run nothing")
-    parser.add_argument("--retry-errors", "--retry_errors", action="store_true", help="rerun points stored with an error")
-    parser.add_argument("--plot-only", "--plot_only", action="store_true", help="redraw from stored results, run nothing")
+    parser.add_argument("--retry-errors", "--retry_errors", action="store_true",
+                        help="rerun points stored with an error")
+    parser.add_argument("--plot-only", "--plot_only", action="store_true",
+                        help="redraw from stored results, run nothing")
     add_figures_dir(parser)
     ns = parser.parse_args(argv)
     with refusing():

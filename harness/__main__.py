@@ -46,8 +46,10 @@ def _main(argv: list[str]) -> int:
                                                    description=KINDS[kind].__doc__), KINDS[kind])
     parser.add_argument("--experiment", default="adhoc", help="results/<experiment>/ holds the point (default: adhoc)")
     parser.add_argument("--root", default=None, help="results folder (default: results/ or $DDP_REPRO_RESULTS)")
-    parser.add_argument("--dry_run", "--dry-run", action="store_true", help="say whether the point is stored, run nothing")
-    parser.add_argument("--retry_errors", "--retry-errors", action="store_true", help="rerun the point if it is stored with an error")
+    parser.add_argument("--dry_run", "--dry-run", action="store_true",
+                        help="say whether the point is stored, run nothing")
+    parser.add_argument("--retry_errors", "--retry-errors", action="store_true",
+                        help="rerun the point if it is stored with an error")
     ns = parser.parse_args(rest)
     ns.kind = kind
     cfg = dataclass_from_namespace(KINDS[ns.kind], ns)

@@ -61,7 +61,7 @@ def test_help_lists_the_options(main, argv, options):
 
 
 @pytest.mark.parametrize("flag", ["--dry_run", "--dry-run"])
-def test_dry_run_takes_either_spelling(flag, capsys):
+def test_dry_run_takes_either_spelling(flag):
     # the experiments spell their flags with hyphens, the harness's fields with underscores: both take either
     code, out, err = _run(cli.main, ["train", "--model=small", "--iters=2", flag])
     assert code == 0 and "pending" in out + err, (out, err)
