@@ -4,12 +4,12 @@
     make fig2 ARGS="--world_sizes=2,4 --params_per_call=100000,1000000"
     torchrun ... -m experiments fig2 --world_sizes=16 --total_params=60000000
 
-A flat float32 gradient of ``total_params`` (default: ResNet50's 25,557,032, the default ``compute_model``'s
-count) is allreduced in calls of k parameters each. Fewer, larger calls should be much faster; and the total
-time should be of the same order as the model's backward pass (measured on one rank without DDP), which is why
-overlapping the two pays. The dashed line in each panel is that backward compute time; with ``net=auto`` the dotted line is the
-backward (all ranks computing at once) that set the emulated link's rate, at which one allreduce of the whole
-gradient takes exactly that long. The thin dash-dotted lines are the ring alpha-beta model fitted to the measured calls
+A flat float32 gradient of ``total_params`` (default: ResNet50's 25,557,032, the default ``compute_model``'s count)
+is allreduced in calls of k parameters each. Fewer, larger calls should be much faster; and the total time should be
+of the same order as the model's backward pass (measured on one rank without DDP), which is why overlapping the two
+pays. The dashed line in each panel is that backward compute time; with ``net=auto`` the dotted line is the backward
+(all ranks computing at once) that set the emulated link's rate, at which one allreduce of the whole gradient takes
+exactly that long. The thin dash-dotted lines are the ring alpha-beta model fitted to the measured calls
 (:func:`ring_fits`, the simulator's cost model; its fit is printed by the summary).
 """
 from __future__ import annotations
