@@ -1,7 +1,8 @@
 """Validate what the simulator says DDP adds where the host sets the pace (many tiny parameters).
 
-    make hostval                               tiny-layers, 2 ranks, caps 0.005 / 0.05 / 1 MiB, 8 repeats (~7 min)
-    python -m experiments.hostval --repeats=1 --rounds=20
+    make hostval                               tiny-layers, 1 and 2 ranks, caps 0.005 / 0.05 / 1 MiB, 8 repeats each
+                                               (~8 min)
+    python -m experiments.hostval --world_sizes=2 --repeats=1 --rounds=20
 
 Each repeat: a full calibration probe (:mod:`simulator.calibrate`), then one job on the same ranks in which every
 round runs, in an order shuffled per round (the same on every rank), one iteration without DDP (each gradient's
@@ -10,8 +11,9 @@ interleaved iterations (the slowest rank in each) and all that DDP adds from the
 and per bucket (measured on a stand-in model, not this one), the link, the per-call latency and the contentions.
 The host's speed, which moved 30% within minutes on 2 shared cores, then cancels, and what is compared is the model
 of DDP's overhead, as on the H100 (``simulator.clusters.host_check``). The end-to-end prediction (compute from the
-probe too) is kept beside it. The goal is 5% (issue 41) for each cap's median error over the repeats
-(:func:`summary`). Writes ``results/hostval/hostval.csv`` after every repeat; each run starts afresh.
+probe too) is kept beside it. At one rank DDP adds its host work alone (what the H100 check measured); at two, on cores
+the ranks share, the link and Gloo's calls as well. The goal is 5% (issue 41) for each cap's median error over the
+repeats (:func:`summary`). Writes ``results/hostval/hostval.csv`` after every repeat; each run starts afresh.
 """
 from __future__ import annotations
 
@@ -46,7 +48,7 @@ class Config:
     """Every field is a --key=value override."""
 
     model: str = "tiny-layers"  # 800 gradients of 16 or 256 elements: DDP's host work is most of what it adds
-    world_size: int = 2
+    world_sizes: tuple[int, ...] = (1, 2)  # 1: DDP's host work alone; 2: with the link, on shared cores
     net: str = "loopback"
     caps_mb: tuple[float, ...] = (0.005, 0.05, 1.0)  # tiny-layers: 80, 9 and 1 buckets
     rounds: int = 60  # measured rounds of the interleaved job (one iteration of each variant each)
@@ -57,8 +59,9 @@ class Config:
     probe_iters: int = 30
 
 
-def check(cfg: Config) -> TrainConfig:
-    """Every setting checked before anything runs (ValueError naming the first bad one); the probe's point."""
+def check(cfg: Config) -> list[TrainConfig]:
+    """Every setting checked before anything runs (ValueError naming the first bad one); the probes' points, one
+    per world size."""
     if not cfg.caps_mb or any(not 0 <= c < float("inf") for c in cfg.caps_mb):
         raise ValueError(f"caps_mb={list(cfg.caps_mb)}: give bucket caps in MiB, finite and >= 0")
     for name in ("rounds", "repeats", "probe_iters"):
@@ -66,12 +69,12 @@ def check(cfg: Config) -> TrainConfig:
             raise ValueError(f"{name}={getattr(cfg, name)}: needs at least 1")
     if cfg.warmup < 2:
         raise ValueError(f"warmup={cfg.warmup}: DDP rebuilds its buckets in its second iteration; at least 2")
-    if cfg.world_size < 2:
-        raise ValueError(f"world_size={cfg.world_size}: DDP's communication needs at least 2 ranks")
-    probe = validate(TrainConfig(model=cfg.model, world_size=cfg.world_size, net=cfg.net, impl="ours",
-                                 iters=cfg.probe_iters, warmup=cfg.warmup))
-    preflight([probe])
-    return probe
+    if not cfg.world_sizes or len(set(cfg.world_sizes)) < len(cfg.world_sizes):
+        raise ValueError(f"world_sizes={list(cfg.world_sizes)}: give one or more distinct world sizes")
+    probes = [validate(TrainConfig(model=cfg.model, world_size=ws, net=cfg.net, impl="ours", iters=cfg.probe_iters,
+                                   warmup=cfg.warmup)) for ws in cfg.world_sizes]
+    preflight(probes)
+    return probes
 
 
 def interleaved_rank(ctx, cfg: TrainConfig, caps_mb: list, rounds: int, warmup: int) -> list[dict]:
@@ -114,14 +117,15 @@ def repeat(cfg: Config, probe: TrainConfig, index: int, root=None) -> list[dict]
     from simulator.predict import Scenario, predict
 
     load = os.getloadavg()[0]
-    with announced(f"repeat {index + 1}/{cfg.repeats}: probing {probe.model} on {probe.world_size} ranks", EXPERIMENT):
+    with announced(f"repeat {index + 1}/{cfg.repeats}: probing {probe.model} on {probe.world_size} rank(s)",
+                   EXPERIMENT):
         cal = calibrate(probe)
     with announced(f"repeat {index + 1}/{cfg.repeats}: {cfg.rounds} interleaved rounds of no DDP and "
                    f"{len(cfg.caps_mb)} caps", EXPERIMENT):
         rows = run_point(probe, fn=interleaved_rank, fn_args=(list(cfg.caps_mb), cfg.rounds, cfg.warmup))
     beside = dataclasses.replace(cal, profile=dataclasses.replace(cal.profile, **slowest_compute(rows)))
     for name, c in (("probe", cal), ("beside", beside)):
-        c.save(results_root(root) / EXPERIMENT / "calibrations" / f"r{index}-{name}.json")
+        c.save(results_root(root) / EXPERIMENT / "calibrations" / f"w{probe.world_size}-r{index}-{name}.json")
     out = []
     for k, cap in enumerate(cfg.caps_mb):
         measured = {p: statistics.median(_slowest_per_round(rows, k, f"{p}_ms")) for p in (*PHASES, "total")}
@@ -136,22 +140,22 @@ def repeat(cfg: Config, probe: TrainConfig, index: int, root=None) -> list[dict]
             compute_ms=beside.profile.forward_ms + beside.profile.backward_ms + beside.profile.optimizer_ms,
             probe_compute_ms=cal.profile.forward_ms + cal.profile.backward_ms + cal.profile.optimizer_ms,
             host_per_gradient_us=cal.host_per_gradient_ms * 1e3, host_per_bucket_us=cal.host_per_bucket_ms * 1e3,
-            alpha_ms=cal.comm.alpha_ms, rounds=cfg.rounds, model=cfg.model, world_size=cfg.world_size,
+            alpha_ms=cal.comm.alpha_ms, rounds=cfg.rounds, model=cfg.model, world_size=probe.world_size,
             net=cfg.net, load_before=load, calibration=cal.meta["created_at"],
             started_at=datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")))
     return out
 
 
 def summary(table: pd.DataFrame, seed: int = 0) -> pd.DataFrame:
-    """Per cap: the median of the repeats' errors (each prediction against the measurement beside it) with its 95%
+    """Per world size and cap: the median of the repeats' errors (each prediction against the measurement beside it) with its 95%
     bootstrap interval, the goal judged on that median; and, as ``make simval`` compares, the median prediction
     against the median measurement. Repeats differ in the host's speed (no DDP 25-52 ms an iteration within 15
     minutes), so the medians of the two columns can come from different repeats: the paired one is the verdict."""
     rng, rows = np.random.default_rng(seed), []
-    for (cap, buckets), g in table.groupby(["bucket_cap_mb", "buckets"], sort=False):
+    for (world_size, cap, buckets), g in table.groupby(["world_size", "bucket_cap_mb", "buckets"], sort=False):
         ratio = (g["predicted_ms"] / g["measured_ms"]).to_numpy()
         lo, hi = bootstrap_median_ci(ratio, rng)
-        rows.append(dict(bucket_cap_mb=cap, buckets=buckets, repeats=len(g), error_pct=(np.median(ratio) - 1) * 100,
+        rows.append(dict(world_size=world_size, bucket_cap_mb=cap, buckets=buckets, repeats=len(g), error_pct=(np.median(ratio) - 1) * 100,
                          ci_lo_pct=(lo - 1) * 100, ci_hi_pct=(hi - 1) * 100, repeat_lo_pct=g["error_pct"].min(),
                          repeat_hi_pct=g["error_pct"].max(),
                          medians_error_pct=(g["predicted_ms"].median() / g["measured_ms"].median() - 1) * 100,
@@ -163,16 +167,17 @@ def summary(table: pd.DataFrame, seed: int = 0) -> pd.DataFrame:
 
 def run(cfg: Config, root=None) -> pd.DataFrame:
     with refusing():
-        probe = check(cfg)
+        probes = check(cfg)
     path = results_root(root) / EXPERIMENT / "hostval.csv"
     rows: list[dict] = []
     for index in range(cfg.repeats):
-        rows += repeat(cfg, probe, index, root)
-        write_csv_atomic(pd.DataFrame(rows), path)  # what is done stays if a later repeat is interrupted
-        done = pd.DataFrame(rows[-len(cfg.caps_mb):])
-        print(f"[{EXPERIMENT}] repeat {index + 1}: " + ", ".join(
-            f"{r.buckets} bucket(s) {r.predicted_ms:.1f} vs {r.measured_ms:.1f} ms ({r.error_pct:+.1f}%)"
-            for r in done.itertuples()), file=sys.stderr, flush=True)
+        for probe in probes:  # the world sizes alternate, so that the host's drift reaches each alike
+            rows += repeat(cfg, probe, index, root)
+            write_csv_atomic(pd.DataFrame(rows), path)  # what is done stays if a later repeat is interrupted
+            done = pd.DataFrame(rows[-len(cfg.caps_mb):])
+            print(f"[{EXPERIMENT}] repeat {index + 1}, {probe.world_size} rank(s): " + ", ".join(
+                f"{r.buckets} bucket(s) {r.predicted_ms:.1f} vs {r.measured_ms:.1f} ms ({r.error_pct:+.1f}%)"
+                for r in done.itertuples()), file=sys.stderr, flush=True)
     return pd.DataFrame(rows)
 
 
@@ -184,7 +189,7 @@ def main(argv: list[str] | None = None) -> int:
         table = summary(run(cfg))
         print(table.to_string(index=False, float_format=lambda x: f"{x:.1f}",
                               formatters={"bucket_cap_mb": "{:g}".format}))
-        print(f"{int(table['within_goal'].sum())} of {len(table)} caps predicted within {GOAL_PCT:g}% (the median "
+        print(f"{int(table['within_goal'].sum())} of {len(table)} (world size, cap) pairs predicted within {GOAL_PCT:g}% (the median "
               f"of {cfg.repeats} repeat(s)' errors); per repeat: {results_root() / EXPERIMENT / 'hostval.csv'}")
         return 0
     return command_line(prog, body)

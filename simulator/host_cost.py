@@ -2,9 +2,9 @@
 
 Why apart from the link: where compute is short (many small parameters, or a fast device), what DDP's hooks and
 bucket launches cost on backward's thread sets the iteration, and it is no property of the wire. So each rank times
-a host-bound stand-in (``HOST_LAYERS`` ``Linear(HOST_WIDTH, HOST_WIDTH)``, compute negligible) without DDP (each
-gradient stamped by a hook, as the probe's compute profile is) and with
-the point's DDP at two bucket layouts (one bucket; one per gradient) over a process group of its own rank alone, so
+a host-bound stand-in (:class:`StandIn`: the point's model's parameters, as many and as large, without its compute)
+without DDP (each gradient stamped by a hook, as the probe's compute profile is) and with the point's DDP at two
+bucket layouts (one bucket; one per gradient) over a process group of its own rank alone, so
 that no byte crosses the link and nothing waits for the other ranks: the difference is host work. With ``n``
 gradients and the copies priced at the probe's copy rate, one bucket costs ``n·g + b`` over no DDP and one bucket
 per gradient ``n·g + n·b``, which gives ``g`` (per gradient) and ``b`` (per bucket). Each round's three backwards
@@ -23,11 +23,15 @@ from ddp_impl.reducer import hook_accumulators
 from harness.runner import build_trainer
 from harness.timing import ms, now, stamp
 
-HOST_LAYERS, HOST_WIDTH, HOST_BATCH = 200, 8, 2  # 400 gradients of 8 or 64 elements
+# What a gradient costs DDP depends on how many there are and how large they are, so the stand-in takes the point's
+# model's parameters (2 ranks, 2 cores, one bucket; a stand-in of 400 Linear(8, 8) gradients read 1.2-1.4 us each,
+# of 800 1.7-1.9, of 1600 2.3; on one rank 400 Linear(w, w) layers cost 3.8 / 4.1 / 8.9 us a gradient at w = 8 / 16 /
+# 64, their parameters alone 4.1 / 4.4 / 8.2). Each is at most this large: from there on DDP copies a gradient by
+# its own hook (ddp_impl's EAGER_COPY_NUMEL) at the rate the probe's copy measures.
+STAND_IN_MAX_NUMEL = 1 << 16
 # rounds of (no DDP, one bucket, one bucket per gradient), after warm-up rounds: on 2 shared cores, where g is 5-10%
 # of the stand-in's backward, 8 rounds read 2-8 us a gradient across probes, 24 rounds 3-6 us (about 3 s)
 HOST_ROUNDS, HOST_WARMUP = 24, 2
-ONE_BUCKET_MB = 1024.0  # far above the stand-in's bytes
 
 
 @dataclasses.dataclass(frozen=True)
@@ -48,13 +52,21 @@ def solve(backward_ms: tuple[float, float, float], gradients: int, copy_ms: floa
     return HostCost(per_gradient, per_bucket, backward_ms)
 
 
-def _stand_in() -> tuple[nn.Module, torch.Tensor, torch.Tensor]:
-    gen = torch.Generator().manual_seed(0)
-    torch.manual_seed(0)
-    model = nn.Sequential(*(nn.Linear(HOST_WIDTH, HOST_WIDTH) for _ in range(HOST_LAYERS)))
-    x = torch.randn(HOST_BATCH, HOST_WIDTH, generator=gen)
-    y = torch.randint(0, HOST_WIDTH, (HOST_BATCH,), generator=gen)
-    return model, x, y
+class StandIn(nn.Module):
+    """Flat parameters as large as ``params`` (each at most ``STAND_IN_MAX_NUMEL``), of their dtypes, and a forward
+    that only scales and sums each: its backward yields one gradient per parameter, in reverse order, for next to no
+    compute."""
+
+    def __init__(self, params: list[torch.Tensor], device):
+        super().__init__()
+        self.weights = nn.ParameterList(
+            nn.Parameter(torch.zeros(min(p.numel(), STAND_IN_MAX_NUMEL), dtype=p.dtype, device=device)) for p in params)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        out = x
+        for w in self.weights:
+            out = out + (w * x).sum()
+        return out
 
 
 def _own_group(ctx):
@@ -72,29 +84,29 @@ def slowest(ranks: list[dict]) -> HostCost:
     return solve(medians, ranks[0]["gradients"], ranks[0]["copy_ms"])
 
 
-def measure(ctx, cfg, copy_ms_per_byte: float) -> dict:
+def measure(ctx, cfg, copy_ms_per_byte: float, params: list[torch.Tensor]) -> dict:
     """This rank's stand-in backwards (ms, per variant and round) under ``cfg``'s DDP (its impl and options; the
-    caps are the probe's), the ranks timing at once as they train (they share the cores), for :func:`slowest`."""
-    model, x, y = _stand_in()
-    x, y = x.to(ctx.device), y.to(ctx.device)
+    caps are the probe's), the ranks timing at once as they train (they share the cores), for :func:`slowest`;
+    ``params``: the point's model's trainable parameters, whose sizes the stand-in takes."""
+    model, x = StandIn(params, ctx.device), torch.ones((), device=ctx.device)
+    weights = list(model.parameters())
+    one_bucket_mb = 2 * sum(w.numel() * w.element_size() for w in weights) / 2**20
     alone = dataclasses.replace(ctx, group=_own_group(ctx))
     # without DDP, each gradient stamped by a hook as the probe's compute profile is: DDP's work is what it adds
-    stamps = [0.0] * len(list(model.parameters()))
-    held, _ = hook_accumulators(list(model.parameters()), lambda i: lambda *_: stamps.__setitem__(i, now()))
-    variants = [model.to(ctx.device)] + [
-        build_trainer(_stand_in()[0].to(ctx.device), dataclasses.replace(cfg, bucket_cap_mb=mb), alone).model
-        for mb in (ONE_BUCKET_MB, 0.0)]
+    stamps = [0.0] * len(weights)
+    held, _ = hook_accumulators(weights, lambda i: lambda *_: stamps.__setitem__(i, now()))
+    variants = [model] + [build_trainer(StandIn(params, ctx.device), dataclasses.replace(cfg, bucket_cap_mb=mb),
+                                        alone).model for mb in (one_bucket_mb, 0.0)]
     times: list[list[float]] = [[] for _ in variants]
     for rnd in range(HOST_WARMUP + HOST_ROUNDS):
         for k, net in enumerate(variants):
             dist.barrier(group=ctx.group)
-            loss = nn.functional.cross_entropy(net(x), y)
+            loss = net(x)
             t0 = stamp(ctx)
             loss.backward()
             t1 = stamp(ctx)
             if rnd >= HOST_WARMUP:
                 times[k].append(ms(t0, t1))
-    params = list(model.parameters())
     del held
-    return dict(backward_ms=times, gradients=len(params),
-                copy_ms=sum(p.numel() * p.element_size() for p in params) * copy_ms_per_byte)
+    return dict(backward_ms=times, gradients=len(weights),
+                copy_ms=sum(w.numel() * w.element_size() for w in weights) * copy_ms_per_byte)

@@ -142,7 +142,7 @@ def probe_rank(ctx, cfg: TrainConfig, full: bool = True, link: tuple = ()) -> li
             # no_sync leaves little else).
             runs += [alone for alone, _ in pairs]
         # one rank too: there DDP's host work is all it adds (an H100 ran torch's DDP 1.19-1.39x no DDP)
-        found["host_cost"] = host_cost.measure(ctx, cfg, copy_ms_per_byte)
+        found["host_cost"] = host_cost.measure(ctx, cfg, copy_ms_per_byte, probe.params)
     # every iteration's phases and ready times, not medians: DDP waits for the slower rank in each iteration
     # (calibrate.slowest_compute), which takes longer than the slower rank's median on a shared host
     return [dict(rank=ctx.rank, backend=ctx.backend, runs=[{k: r[k] for k in (*PHASES, "ready")} for r in runs],

@@ -202,7 +202,8 @@ COMMANDS = {  # argv after `python -m`: (exit status, what the one stderr line s
                                        "bandwidth factor must be finite and > 0"),
     "bench_nothing_to_measure": (["experiments.bench", "--latency=false", "--memory=false"], 2, "nothing to measure"),
     "zero_as_a_module_help": (["experiments.zero", "--help"], 0, "usage: python -m experiments zero"),
-    "hostval_one_rank": (["experiments.hostval", "--world_size=1"], 2, "world_size=1: DDP's communication needs"),
+    "hostval_same_world_size_twice": (["experiments.hostval", "--world_sizes=2,2"], 2,
+                                      "world_sizes=[2, 2]: give one or more distinct world sizes"),
     "hostval_negative_cap": (["experiments.hostval", "--caps_mb=1,-1"], 2, "caps_mb=[1.0, -1.0]"),
     "fig10_iters_not_a_multiple": (["experiments", "fig10", "--iters=3", "--dry-run"], 2,
                                    "iters=3 must be a multiple of every n"),
@@ -291,7 +292,7 @@ def test_a_terminated_command_ends_as_an_exception_so_its_pools_close():
 @pytest.mark.parametrize("target, world_size, says", [
     ("fig9", 4, "make fig9 sweeps world sizes"), ("zero", 2, "make zero sweeps world sizes"),
     ("gpu-check", 2, "runs on every visible GPU"), ("fig11", 4, "-m experiments fig11 --world_size=4"),
-    ("hostval", 3, "-m experiments.hostval --world_size=3"),
+    ("hostval", 3, "make hostval sweeps world sizes"),
 ])
 def test_make_passes_world_size_where_it_applies_and_refuses_it_elsewhere(target, world_size, says):
     done = subprocess.run(["make", "-n", target, f"WORLD_SIZE={world_size}"], cwd=REPO, capture_output=True,
