@@ -10,8 +10,8 @@ FIGURES := fig2 fig6 fig7 fig8 fig9 fig10 fig11 fig12
 # WORLD_SIZE applies to the commands measured at one world size; those that sweep world sizes refuse it (fig9 takes
 # ARGS="--world_sizes=1,2,4"), as gpu-check does (it runs on every visible GPU).
 WS_ARG = $(if $(WORLD_SIZE),--world_size=$(WORLD_SIZE))
-fig2 fig9 fig10 zero simval hostval: WS_ARG = $(if $(WORLD_SIZE),$(error WORLD_SIZE=$(WORLD_SIZE): make $@ sweeps world \
-	sizes; give them as ARGS="--world_sizes=..."))
+fig2 fig9 fig10 zero simval hostval: WS_ARG = $(if $(WORLD_SIZE),$(error WORLD_SIZE=$(WORLD_SIZE): make $@ sweeps \
+	world sizes; give them as ARGS="--world_sizes=..."))
 gpu-check: WS_ARG = $(if $(WORLD_SIZE),$(error WORLD_SIZE=$(WORLD_SIZE): make gpu-check runs on every visible GPU))
 
 .PHONY: setup test clean figures plots claims timeline bench gpu-check simval hostval tune zero torch-ddp-tests $(FIGURES)
@@ -79,8 +79,8 @@ gpu-check: setup
 simval: setup
 	$(PY) -m experiments.simval $(WS_ARG) $(ARGS)
 
-# What the simulator says DDP adds, where the host sets the pace: tiny-layers' DDP at 80/9/1 buckets against
-# predictions from its compute measured beside it, at 1 and 2 ranks (results/hostval/hostval.csv; 8 repeats, ~8 min).
+# What the simulator says DDP adds, where the host sets the pace: tiny-layers' DDP at 80/9/1 buckets, at 1 and 2 ranks,
+# against predictions from its compute measured beside it (results/hostval/hostval.csv; 8 repeats each, ~6 min).
 hostval: setup
 	$(PY) -m experiments.hostval $(WS_ARG) $(ARGS)
 

@@ -25,7 +25,7 @@ PROBE_SIZES = (4 * 1024, 64 * 1024, MIB, 8 * MIB, 32 * MIB, 128 * MIB)  # bytes 
 # 0.4 MiB gradient on loopback: 0 in most probes, 0.14 Gbit/s in one, r2 0.40)
 MIN_PROBE_SIZES = 3
 # backward passes with one allreduce per gradient (after one that warms them up): with 3, the per-call latency fitted
-# to their median moved 1.07-1.75 ms between probes of tiny-layers' 400 gradients on 2 cores; with 9, 1.14-1.20 ms
+# to their median moved 1.07-1.75 ms between probes of tiny-layers' 800 gradients on 2 cores; with 9, 1.14-1.20 ms
 LATENCY_ITERS = 9
 CONTENTION_PAIRS = 7  # (backward alone, backward under an allreduce) pairs; their compute halves join compute's
 PROBE_CALLS = 3  # timed calls per size, after one warm-up call (2 for calls of 32 MiB and more)
