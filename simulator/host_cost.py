@@ -4,11 +4,12 @@ Why apart from the link: where compute is short (many small parameters, or a fas
 bucket launches cost on backward's thread sets the iteration, and it is no property of the wire. So each rank times
 a host-bound stand-in (:class:`StandIn`: the point's model's parameters, as many and as large, without its compute)
 without DDP (each gradient stamped by a hook, as the probe's compute profile is) and with the point's DDP at two
-bucket layouts (one bucket; one per gradient) over a process group of its own rank alone, so
-that no byte crosses the link and nothing waits for the other ranks: the difference is host work. With ``n``
-gradients and the copies priced at the probe's copy rate, one bucket costs ``n·g + b`` over no DDP and one bucket
-per gradient ``n·g + n·b``, which gives ``g`` (per gradient) and ``b`` (per bucket). Each round's three backwards
-are the slowest rank's (:func:`slowest`), as the probe's compute is: a DDP iteration waits for the slower rank.
+bucket layouts (one bucket; one per gradient) over a process group of its own rank alone, so that no byte crosses
+the link and nothing waits for the other ranks: the difference is host work. With ``n`` gradients and the copies
+into the buckets and back out priced at the probe's copy rate, one bucket costs ``n·g + b`` over no DDP and one
+bucket per gradient ``n·g + n·b``, which gives ``g`` (per gradient, with DDP's other passes over the stand-in's
+bytes, such as the averaging multiply) and ``b`` (per bucket). Each round's three backwards are the slowest rank's
+(:func:`slowest`), as the probe's compute is: a DDP iteration waits for the slower rank.
 """
 from __future__ import annotations
 
@@ -44,8 +45,8 @@ class HostCost:
 
 
 def solve(backward_ms: tuple[float, float, float], gradients: int, copy_ms: float) -> HostCost:
-    """``g`` and ``b`` from the three backwards (``copy_ms``: the copies the simulator already prices); never
-    negative, as noise between the medians can make a difference."""
+    """``g`` and ``b`` from the three backwards (``copy_ms``: the copies the simulator already prices, into the
+    buckets and back out); never negative, as noise between the medians can make a difference."""
     none, one, each = backward_ms
     per_bucket = max((each - one) / (gradients - 1), 0.0)
     per_gradient = max((one - none - per_bucket - copy_ms) / gradients, 0.0)
@@ -109,4 +110,4 @@ def measure(ctx, cfg, copy_ms_per_byte: float, params: list[torch.Tensor]) -> di
                 times[k].append(ms(t0, t1))
     del held
     return dict(backward_ms=times, gradients=len(weights),
-                copy_ms=sum(w.numel() * w.element_size() for w in weights) * copy_ms_per_byte)
+                copy_ms=2 * sum(w.numel() * w.element_size() for w in weights) * copy_ms_per_byte)  # in and out

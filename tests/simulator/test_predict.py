@@ -134,6 +134,24 @@ def test_host_cost_takes_each_rounds_slowest_rank():
     assert (cost.per_gradient_ms, cost.per_bucket_ms) == (pytest.approx(0.02), pytest.approx(0.3))
 
 
+def test_host_cost_stand_in_takes_the_models_parameters_without_its_compute():
+    import torch
+
+    from simulator.host_cost import STAND_IN_MAX_NUMEL, StandIn
+
+    params = [torch.zeros(3, 4), torch.zeros(STAND_IN_MAX_NUMEL + 5, dtype=torch.float64), torch.zeros(7)]
+    stand_in = StandIn(params, "cpu")
+    weights = list(stand_in.parameters())
+    # as many, as large (up to the cap: beyond it DDP copies by the gradient's own hook), of the same dtypes
+    assert [w.numel() for w in weights] == [12, STAND_IN_MAX_NUMEL, 7]
+    assert [w.dtype for w in weights] == [torch.float32, torch.float64, torch.float32]
+    order = []
+    for i, w in enumerate(weights):
+        w.register_hook(lambda g, i=i: order.append(i))
+    stand_in(torch.ones(())).backward()
+    assert order == [2, 1, 0] and all(torch.equal(w.grad, torch.ones_like(w)) for w in weights)
+
+
 def test_prediction_charges_the_calibrations_host_work_on_backwards_thread():
     from dataclasses import replace
 
