@@ -147,17 +147,18 @@ def repeat(cfg: Config, probe: TrainConfig, index: int, root=None) -> list[dict]
 
 
 def summary(table: pd.DataFrame, seed: int = 0) -> pd.DataFrame:
-    """Per world size and cap: the median of the repeats' errors (each prediction against the measurement beside it) with its 95%
-    bootstrap interval, the goal judged on that median; and, as ``make simval`` compares, the median prediction
-    against the median measurement. Repeats differ in the host's speed (no DDP 25-52 ms an iteration within 15
-    minutes), so the medians of the two columns can come from different repeats: the paired one is the verdict."""
+    """Per world size and cap: the median of the repeats' errors (each prediction against the measurement beside
+    it) with its 95% bootstrap interval, the goal judged on that median; and, as ``make simval`` compares, the median
+    prediction against the median measurement. Repeats differ in the host's speed (no DDP 25-52 ms an iteration
+    within 15 minutes), so the medians of the two columns can come from different repeats: the paired one is the
+    verdict."""
     rng, rows = np.random.default_rng(seed), []
     for (world_size, cap, buckets), g in table.groupby(["world_size", "bucket_cap_mb", "buckets"], sort=False):
         ratio = (g["predicted_ms"] / g["measured_ms"]).to_numpy()
         lo, hi = bootstrap_median_ci(ratio, rng)
-        rows.append(dict(world_size=world_size, bucket_cap_mb=cap, buckets=buckets, repeats=len(g), error_pct=(np.median(ratio) - 1) * 100,
-                         ci_lo_pct=(lo - 1) * 100, ci_hi_pct=(hi - 1) * 100, repeat_lo_pct=g["error_pct"].min(),
-                         repeat_hi_pct=g["error_pct"].max(),
+        rows.append(dict(world_size=world_size, bucket_cap_mb=cap, buckets=buckets, repeats=len(g),
+                         error_pct=(np.median(ratio) - 1) * 100, ci_lo_pct=(lo - 1) * 100, ci_hi_pct=(hi - 1) * 100,
+                         repeat_lo_pct=g["error_pct"].min(), repeat_hi_pct=g["error_pct"].max(),
                          medians_error_pct=(g["predicted_ms"].median() / g["measured_ms"].median() - 1) * 100,
                          end_to_end_error_pct=(np.median(g["end_to_end_ms"] / g["measured_ms"]) - 1) * 100))
     out = pd.DataFrame(rows)
@@ -189,8 +190,9 @@ def main(argv: list[str] | None = None) -> int:
         table = summary(run(cfg))
         print(table.to_string(index=False, float_format=lambda x: f"{x:.1f}",
                               formatters={"bucket_cap_mb": "{:g}".format}))
-        print(f"{int(table['within_goal'].sum())} of {len(table)} (world size, cap) pairs predicted within {GOAL_PCT:g}% (the median "
-              f"of {cfg.repeats} repeat(s)' errors); per repeat: {results_root() / EXPERIMENT / 'hostval.csv'}")
+        print(f"{int(table['within_goal'].sum())} of {len(table)} (world size, cap) pairs predicted within "
+              f"{GOAL_PCT:g}% (the median of {cfg.repeats} repeat(s)' errors); per repeat: "
+              f"{results_root() / EXPERIMENT / 'hostval.csv'}")
         return 0
     return command_line(prog, body)
 
