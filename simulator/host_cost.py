@@ -20,6 +20,7 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
+from ddp_impl.bucket_store import EAGER_COPY_NUMEL
 from ddp_impl.reducer import hook_accumulators
 from harness.runner import build_trainer
 from harness.timing import ms, now, stamp
@@ -28,8 +29,8 @@ from harness.timing import ms, now, stamp
 # model's parameters (2 ranks, 2 cores, one bucket; a stand-in of 400 Linear(8, 8) gradients read 1.2-1.4 us each,
 # of 800 1.7-1.9, of 1600 2.3; on one rank 400 Linear(w, w) layers cost 3.8 / 4.1 / 8.9 us a gradient at w = 8 / 16 /
 # 64, their parameters alone 4.1 / 4.4 / 8.2). Each is at most this large: from there on DDP copies a gradient by
-# its own hook (ddp_impl's EAGER_COPY_NUMEL) at the rate the probe's copy measures.
-STAND_IN_MAX_NUMEL = 1 << 16
+# its own hook at the rate the probe's copy measures.
+STAND_IN_MAX_NUMEL = EAGER_COPY_NUMEL
 # rounds of (no DDP, one bucket, one bucket per gradient), after warm-up rounds: on 2 shared cores, where g is 5-10%
 # of the stand-in's backward, 8 rounds read 2-8 us a gradient across probes, 24 rounds 3-6 us (about 3 s)
 HOST_ROUNDS, HOST_WARMUP = 24, 2
@@ -91,13 +92,13 @@ def measure(ctx, cfg, copy_ms_per_byte: float, params: list[torch.Tensor]) -> di
     ``params``: the point's model's trainable parameters, whose sizes the stand-in takes."""
     model, x = StandIn(params, ctx.device), torch.ones((), device=ctx.device)
     weights = list(model.parameters())
-    one_bucket_mb = 2 * sum(w.numel() * w.element_size() for w in weights) / 2**20
+    nbytes = sum(w.numel() * w.element_size() for w in weights)
     alone = dataclasses.replace(ctx, group=_own_group(ctx))
     # without DDP, each gradient stamped by a hook as the probe's compute profile is: DDP's work is what it adds
     stamps = [0.0] * len(weights)
     held, _ = hook_accumulators(weights, lambda i: lambda *_: stamps.__setitem__(i, now()))
     variants = [model] + [build_trainer(StandIn(params, ctx.device), dataclasses.replace(cfg, bucket_cap_mb=mb),
-                                        alone).model for mb in (one_bucket_mb, 0.0)]
+                                        alone).model for mb in (2 * nbytes / 2**20, 0.0)]
     times: list[list[float]] = [[] for _ in variants]
     for rnd in range(HOST_WARMUP + HOST_ROUNDS):
         for k, net in enumerate(variants):
@@ -110,4 +111,4 @@ def measure(ctx, cfg, copy_ms_per_byte: float, params: list[torch.Tensor]) -> di
                 times[k].append(ms(t0, t1))
     del held
     return dict(backward_ms=times, gradients=len(weights),
-                copy_ms=2 * sum(w.numel() * w.element_size() for w in weights) * copy_ms_per_byte)  # in and out
+                copy_ms=2 * nbytes * copy_ms_per_byte)  # into the buckets and back out

@@ -28,7 +28,8 @@ def test_a_repeat_predicts_each_cap_from_the_compute_measured_beside_it(tmp_path
 
 def test_the_summary_judges_the_median_of_each_repeats_own_error():
     rows = [dict(repeat=i, world_size=2, bucket_cap_mb=1.0, buckets=1, predicted_ms=p, measured_ms=m,
-                 error_pct=(p / m - 1) * 100, end_to_end_ms=e) for i, (p, m, e) in enumerate([(100, 90, 90), (110, 104, 104), (40, 50, 60)])]
+                 error_pct=(p / m - 1) * 100, end_to_end_ms=e)
+            for i, (p, m, e) in enumerate([(100, 90, 90), (110, 104, 104), (40, 50, 60)])]
     out = hostval.summary(pd.DataFrame(rows)).iloc[0]
     # the repeats' errors +11.1%, +5.8%, -20%: their median +5.8% misses the goal
     assert out.repeats == 3 and out.error_pct == pytest.approx(600 / 104) and not out.within_goal
