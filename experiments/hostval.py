@@ -50,6 +50,9 @@ class Config:
     model: str = "tiny-layers"  # 800 gradients of 16 or 256 elements: DDP's host work is most of what it adds
     world_sizes: tuple[int, ...] = (1, 2)  # 1: DDP's host work alone; 2: with the link, on shared cores
     net: str = "loopback"
+    # one intra-op thread a rank, as fig7's 2 ranks on 2 cores have: a rank alone would get 2, and OpenMP's spinning
+    # worker then delays Gloo's thread (one rank, one bucket: its call took 2.8 ms, 0.5 with OMP_WAIT_POLICY=PASSIVE)
+    threads_per_rank: int = 1
     caps_mb: tuple[float, ...] = (0.005, 0.05, 1.0)  # tiny-layers: 80, 9 and 1 buckets
     rounds: int = 60  # measured rounds of the interleaved job (one iteration of each variant each)
     warmup: int = 3
@@ -72,7 +75,8 @@ def check(cfg: Config) -> list[TrainConfig]:
     if not cfg.world_sizes or len(set(cfg.world_sizes)) < len(cfg.world_sizes):
         raise ValueError(f"world_sizes={list(cfg.world_sizes)}: give one or more distinct world sizes")
     probes = [validate(TrainConfig(model=cfg.model, world_size=ws, net=cfg.net, impl="ours", iters=cfg.probe_iters,
-                                   warmup=cfg.warmup)) for ws in cfg.world_sizes]
+                                   warmup=cfg.warmup, threads_per_rank=cfg.threads_per_rank))
+              for ws in cfg.world_sizes]
     preflight(probes)
     return probes
 
@@ -141,7 +145,7 @@ def repeat(cfg: Config, probe: TrainConfig, index: int, root=None) -> list[dict]
             probe_compute_ms=cal.profile.forward_ms + cal.profile.backward_ms + cal.profile.optimizer_ms,
             host_per_gradient_us=cal.host_per_gradient_ms * 1e3, host_per_bucket_us=cal.host_per_bucket_ms * 1e3,
             alpha_ms=cal.comm.alpha_ms, rounds=cfg.rounds, model=cfg.model, world_size=probe.world_size,
-            net=cfg.net, load_before=load, calibration=cal.meta["created_at"],
+            threads_per_rank=probe.threads_per_rank, net=cfg.net, load_before=load, calibration=cal.meta["created_at"],
             started_at=datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")))
     return out
 

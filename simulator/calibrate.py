@@ -50,14 +50,15 @@ from .comm import AlphaBeta, concurrent_calls, fit_link
 from .iteration import ComputeProfile, buckets_for, simulate
 from .probe import compute_rank, median, probe_rank
 
-VERSION = 15  # changes whenever what the probe measures, or how, changes: a stored calibration of another version is
+VERSION = 16  # changes whenever what the probe measures, or how, changes: a stored calibration of another version is
 #               refused (Calibration.load), so a prediction never mixes numbers measured two ways
 # earlier versions whose files differ only by fields added since, whose defaults give what they predicted then
 EARLIER_READABLE = {10: "no host cost (0: the probe did not measure it)",
                     11: "3 latency passes and 3 contention pairs (9 and 7 since)",
                     12: "no latency contention (0: calls waiting out their latency cost compute nothing)",
                     13: "compute as the slowest rank's medians (since: the slowest rank in each iteration)",
-                    14: "host cost from 400 Linear(8, 8) gradients (since: the point's model's parameters)"}
+                    14: "host cost from 400 Linear(8, 8) gradients (since: the point's model's parameters)",
+                    15: "host cost per bucket from one bucket per gradient (since: buckets of about 10 gradients)"}
 FIT_ROUNDS = 30  # at most, of fit_calls' turns
 STORED_LINK_RATE_TOLERANCE = 0.01  # make fig2's calls stand in for the probe's on a link rate within 1% of the point's
 

@@ -4,11 +4,11 @@ Why apart from the link: where compute is short (many small parameters, or a fas
 bucket launches cost on backward's thread sets the iteration, and it is no property of the wire. So each rank times
 a host-bound stand-in (:class:`StandIn`: the point's model's parameters, as many and as large, without its compute)
 without DDP (each gradient stamped by a hook, as the probe's compute profile is) and with the point's DDP at two
-bucket layouts (one bucket; one per gradient) over a process group of its own rank alone, so that no byte crosses
-the link and nothing waits for the other ranks: the difference is host work. With ``n`` gradients and the copies
-into the buckets and back out priced at the probe's copy rate, one bucket costs ``n·g + b`` over no DDP and one
-bucket per gradient ``n·g + n·b``, which gives ``g`` (per gradient, with DDP's other passes over the stand-in's
-bytes, such as the averaging multiply) and ``b`` (per bucket). Each round's three backwards are the slowest rank's
+bucket layouts (one bucket; about ``GRADIENTS_PER_BUCKET`` gradients a bucket) over a process group of its own rank
+alone, so that no byte crosses the link and nothing waits for the other ranks: the difference is host work. With
+``n`` gradients and the copies into the buckets and back out priced at the probe's copy rate, ``B`` buckets cost
+``n·g + B·b`` over no DDP, which gives ``g`` (per gradient, with DDP's other passes over the stand-in's bytes, such as
+the averaging multiply) and ``b`` (per bucket). Each round's three backwards are the slowest rank's
 (:func:`slowest`), as the probe's compute is: a DDP iteration waits for the slower rank.
 """
 from __future__ import annotations
@@ -21,6 +21,7 @@ import torch.distributed as dist
 from torch import nn
 
 from ddp_impl.bucket_store import EAGER_COPY_NUMEL
+from ddp_impl.buckets import ParamSpec, assign_buckets, mb_to_bytes
 from ddp_impl.reducer import hook_accumulators
 from harness.runner import build_trainer
 from harness.timing import ms, now, stamp
@@ -31,7 +32,11 @@ from harness.timing import ms, now, stamp
 # 64, their parameters alone 4.1 / 4.4 / 8.2). Each is at most this large: from there on DDP copies a gradient by
 # its own hook at the rate the probe's copy measures.
 STAND_IN_MAX_NUMEL = EAGER_COPY_NUMEL
-# rounds of (no DDP, one bucket, one bucket per gradient), after warm-up rounds: on 2 shared cores, where g is 5-10%
+# The second layout's buckets hold about this many gradients, as DDP's do, rather than one each: a bucket of one
+# gradient costs less than one of several (one rank, 800 gradients, 1 thread: 74 us a bucket from 134 to 800 buckets,
+# 100 from 9 to 80; tiny-layers' own buckets 80 and 102), so one bucket per gradient priced DDP's buckets 25% low.
+GRADIENTS_PER_BUCKET = 10
+# rounds of (no DDP, one bucket, the second layout), after warm-up rounds: on 2 shared cores, where g is 5-10%
 # of the stand-in's backward, 8 rounds read 2-8 us a gradient across probes, 24 rounds 3-6 us (about 3 s)
 HOST_ROUNDS, HOST_WARMUP = 24, 2
 
@@ -42,15 +47,18 @@ class HostCost:
 
     per_gradient_ms: float
     per_bucket_ms: float
-    backward_ms: tuple[float, float, float]  # no DDP, one bucket, one bucket per gradient
+    backward_ms: tuple[float, float, float]  # no DDP, and DDP at each of the two layouts
 
 
-def solve(backward_ms: tuple[float, float, float], gradients: int, copy_ms: float) -> HostCost:
-    """``g`` and ``b`` from the three backwards (``copy_ms``: the copies the simulator already prices, into the
-    buckets and back out); never negative, as noise between the medians can make a difference."""
-    none, one, each = backward_ms
-    per_bucket = max((each - one) / (gradients - 1), 0.0)
-    per_gradient = max((one - none - per_bucket - copy_ms) / gradients, 0.0)
+def solve(backward_ms: tuple[float, float, float], gradients: int, copy_ms: float,
+          buckets: tuple[int, int] | None = None) -> HostCost:
+    """``g`` and ``b`` from the three backwards (no DDP, then the two layouts of ``buckets`` buckets; calibration v15
+    measured one bucket and one per gradient, the default); ``copy_ms``: the copies the simulator already prices,
+    into the buckets and back out. Never negative, as noise between the medians can make a difference."""
+    few, many = buckets or (1, gradients)
+    none, first, second = backward_ms
+    per_bucket = max((second - first) / (many - few), 0.0)
+    per_gradient = max((first - none - few * per_bucket - copy_ms) / gradients, 0.0)
     return HostCost(per_gradient, per_bucket, backward_ms)
 
 
@@ -83,7 +91,7 @@ def slowest(ranks: list[dict]) -> HostCost:
     the per-round slowest read 3-8)."""
     rounds = [tuple(map(max, zip(*variant))) for variant in zip(*(r["backward_ms"] for r in ranks))]
     medians = tuple(float(statistics.median(v)) for v in rounds)
-    return solve(medians, ranks[0]["gradients"], ranks[0]["copy_ms"])
+    return solve(medians, ranks[0]["gradients"], ranks[0]["copy_ms"], ranks[0].get("buckets"))
 
 
 def measure(ctx, cfg, copy_ms_per_byte: float, params: list[torch.Tensor]) -> dict:
@@ -93,12 +101,13 @@ def measure(ctx, cfg, copy_ms_per_byte: float, params: list[torch.Tensor]) -> di
     model, x = StandIn(params, ctx.device), torch.ones((), device=ctx.device)
     weights = list(model.parameters())
     nbytes = sum(w.numel() * w.element_size() for w in weights)
+    caps = layouts(weights)
     alone = dataclasses.replace(ctx, group=_own_group(ctx))
     # without DDP, each gradient stamped by a hook as the probe's compute profile is: DDP's work is what it adds
     stamps = [0.0] * len(weights)
     held, _ = hook_accumulators(weights, lambda i: lambda *_: stamps.__setitem__(i, now()))
     variants = [model] + [build_trainer(StandIn(params, ctx.device), dataclasses.replace(cfg, bucket_cap_mb=mb),
-                                        alone).model for mb in (2 * nbytes / 2**20, 0.0)]
+                                        alone).model for mb, _ in caps]
     times: list[list[float]] = [[] for _ in variants]
     for rnd in range(HOST_WARMUP + HOST_ROUNDS):
         for k, net in enumerate(variants):
@@ -110,5 +119,22 @@ def measure(ctx, cfg, copy_ms_per_byte: float, params: list[torch.Tensor]) -> di
             if rnd >= HOST_WARMUP:
                 times[k].append(ms(t0, t1))
     del held
-    return dict(backward_ms=times, gradients=len(weights),
+    return dict(backward_ms=times, gradients=len(weights), buckets=[count for _, count in caps],
                 copy_ms=2 * nbytes * copy_ms_per_byte)  # into the buckets and back out
+
+
+def layouts(weights: list[torch.Tensor]) -> list[tuple[float, int]]:
+    """The two layouts' caps (MiB) and bucket counts: one bucket (one per dtype), and buckets of about
+    ``GRADIENTS_PER_BUCKET`` gradients' bytes (one per gradient where that gives no more buckets), counted as DDP
+    lays them out from its second iteration (gradients in reverse registration order, as the stand-in's arrive)."""
+    specs = [ParamSpec.of(str(i), w) for i, w in enumerate(weights)]
+    nbytes = sum(s.nbytes for s in specs)
+
+    def count(mb: float) -> int:
+        return len(assign_buckets(specs, mb_to_bytes(mb)))
+
+    one = 2 * nbytes / 2**20
+    several = nbytes * GRADIENTS_PER_BUCKET / len(specs) / 2**20
+    if count(several) <= count(one):
+        several = 0.0
+    return [(one, count(one)), (several, count(several))]

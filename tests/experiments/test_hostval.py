@@ -14,6 +14,7 @@ def test_a_repeat_predicts_each_cap_from_the_compute_measured_beside_it(tmp_path
     assert stored["predicted_ms"].tolist() == pytest.approx(table["predicted_ms"].tolist())
     # one rank (DDP's host work alone) and two, each at both caps
     assert list(table["world_size"]) == [1, 1, 2, 2] and list(table["buckets"]) == [2, 1, 2, 1]
+    assert set(table["threads_per_rank"]) == {1}  # each rank one intra-op thread, whatever the world size
     for r in table.itertuples():
         assert r.error_pct == pytest.approx((r.predicted_ms / r.measured_ms - 1) * 100)
         # per round the slowest rank's phase and whole iteration: no phase's median exceeds the iteration's

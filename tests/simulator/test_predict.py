@@ -121,6 +121,25 @@ def test_host_cost_solves_per_gradient_and_per_bucket_from_three_backwards():
     assert (cost.per_gradient_ms, cost.per_bucket_ms) == (pytest.approx(0.02), pytest.approx(0.3))
     noisy = solve((5.0, 4.9, 4.8), gradients=10, copy_ms=0.1)
     assert (noisy.per_gradient_ms, noisy.per_bucket_ms) == (0.0, 0.0)  # noise never makes work negative
+    # 100 gradients in 1 bucket (5 + 2 + 0.3 + 0.1) and in 10 (5 + 2 + 3 + 0.1)
+    layouts = solve((5.0, 7.4, 10.1), gradients=100, copy_ms=0.1, buckets=(1, 10))
+    assert (layouts.per_gradient_ms, layouts.per_bucket_ms) == (pytest.approx(0.02), pytest.approx(0.3))
+
+
+def test_host_cost_prices_buckets_of_several_gradients_as_ddp_lays_them_out():
+    import torch
+
+    from simulator.host_cost import GRADIENTS_PER_BUCKET, layouts
+
+    # 200 gradients of 16 or 256 floats: one bucket, then buckets of about 10 gradients' bytes (two kinds: one
+    # bucket each at first)
+    weights = [torch.zeros(16 if i % 2 else 256) for i in range(200)]
+    (one_mb, one), (several_mb, several) = layouts(weights)
+    assert one == 1 and one_mb * 2**20 >= 4 * (100 * 16 + 100 * 256)
+    assert 0.8 * 200 / GRADIENTS_PER_BUCKET <= several <= 1.2 * 200 / GRADIENTS_PER_BUCKET
+    assert layouts(weights + [torch.zeros(3, dtype=torch.float64)])[0][1] == 2  # a bucket per dtype
+    # too few gradients for buckets of 10: one bucket per gradient instead
+    assert layouts(weights[:8])[1] == (0.0, 8)
 
 
 def test_host_cost_takes_each_rounds_slowest_rank():
