@@ -17,10 +17,10 @@ training):
   on the point's link, fitted to the ring alpha-beta model (:func:`simulator.comm.fit_link`) for the cost per byte;
   where ``make fig2`` has stored calls on this very link (same backend, ranks, host, torch and link rate,
   :func:`stored_link`), those are fitted instead and the probe skips its own;
-* latency: backward passes that make DDP's calls at a cap of about 10 gradients' bytes (one allreduce per bucket,
-  launched as its gradients become ready, without DDP); the per-call cost is the one with which the simulator,
-  given the link's cost per byte, reproduces when the last call finished, and the share of the calls' latency that
-  slows compute the one with which it reproduces when backward's compute ended beside them (:func:`fit_calls`);
+* latency: backward passes that launch one allreduce per gradient, of its size, as it becomes ready (DDP's
+  calls at cap 0, without DDP); the per-call cost is the one with which the simulator, given the link's cost
+  per byte, reproduces when the last call finished, and the share of the calls' latency that slows compute the one
+  with which it reproduces when backward's compute ended beside them (:func:`fit_calls`);
 * contention: the backward alone and while one allreduce long enough to cover it runs, in pairs (what overlap
   costs the slowest rank's compute where communication runs on the same cores, and what the compute costs the
   allreduce's bytes);
@@ -58,8 +58,7 @@ EARLIER_READABLE = {10: "no host cost (0: the probe did not measure it)",
                     12: "no latency contention (0: calls waiting out their latency cost compute nothing)",
                     13: "compute as the slowest rank's medians (since: the slowest rank in each iteration)",
                     14: "host cost from 400 Linear(8, 8) gradients (since: the point's model's parameters)",
-                    15: "host cost per bucket and latency from one bucket per gradient (since: buckets of about 10 "
-                        "gradients)"}
+                    15: "host cost per bucket from one bucket per gradient (since: buckets of about 10 gradients)"}
 FIT_ROUNDS = 30  # at most, of fit_calls' turns
 STORED_LINK_RATE_TOLERANCE = 0.01  # make fig2's calls stand in for the probe's on a link rate within 1% of the point's
 
@@ -141,11 +140,11 @@ def stored_link(cfg: TrainConfig, root=None) -> StoredLink | None:
 
 
 def latency_from_calls(profile: ComputeProfile, done_ms: float, world_size: int, concurrent: int = 1,
-                       beta_ms_per_byte: float = 0.0, cap_mb: float = 0.0) -> float:
-    """The per-step latency alpha with which the simulator reproduces ``done_ms``: when the last of DDP's calls at
-    ``cap_mb`` (one allreduce per bucket, its bytes at ``beta_ms_per_byte``, each launched as DDP launches it;
-    cap 0: one per gradient) completed. 0 if the bytes alone already take that long."""
-    buckets = buckets_for(profile, cap_mb)
+                       beta_ms_per_byte: float = 0.0) -> float:
+    """The per-step latency alpha with which the simulator reproduces ``done_ms``: when the last of one
+    allreduce per gradient (its size, at ``beta_ms_per_byte``), each launched as its gradient became ready,
+    completed. 0 if the bytes alone already take that long."""
+    buckets = buckets_for(profile, 0.0)  # one per gradient, in ready order
 
     def last_done(alpha_ms: float) -> float:
         comm = AlphaBeta(alpha_ms, beta_ms_per_byte)
@@ -167,10 +166,10 @@ def _bisect(fn, target: float, hi: float, rel: float = 0.0, abs_: float = 0.0) -
 
 
 def latency_share_from_calls(profile: ComputeProfile, backward_ms: float, world_size: int, comm: AlphaBeta,
-                             concurrent: int = 1, cap_mb: float = 0.0) -> float:
-    """The ``latency_contention`` with which the simulator's backward compute, beside DDP's calls at ``cap_mb``,
-    ends at ``backward_ms`` as measured (0 to 1; 0 without contention)."""
-    buckets = buckets_for(profile, cap_mb)
+                             concurrent: int = 1) -> float:
+    """The ``latency_contention`` with which the simulator's backward compute, beside one allreduce per gradient
+    launched as each is ready, ends at ``backward_ms`` as measured (0 to 1; 0 without contention)."""
+    buckets = buckets_for(profile, 0.0)
 
     def compute_end(share: float) -> float:
         return simulate(replace(profile, latency_contention=share), buckets, comm, world_size,
@@ -184,16 +183,16 @@ def latency_share_from_calls(profile: ComputeProfile, backward_ms: float, world_
 
 
 def fit_calls(profile: ComputeProfile, done_ms: float, backward_ms: float, world_size: int, concurrent: int = 1,
-              beta_ms_per_byte: float = 0.0, cap_mb: float = 0.0) -> tuple[float, float]:
+              beta_ms_per_byte: float = 0.0) -> tuple[float, float]:
     """``(alpha, latency_contention)`` from the probe's calls inside backward: alpha reproduces when the last call
     finished, the share when backward's compute ended beside them. Each moves the other (a slower compute readies
     gradients later, so the calls need less latency to end when they did): fitted in turn until both settle."""
-    alpha, share = latency_from_calls(profile, done_ms, world_size, concurrent, beta_ms_per_byte, cap_mb), 0.0
+    alpha, share = latency_from_calls(profile, done_ms, world_size, concurrent, beta_ms_per_byte), 0.0
     for _ in range(FIT_ROUNDS):
         share_now = latency_share_from_calls(profile, backward_ms, world_size, AlphaBeta(alpha, beta_ms_per_byte),
-                                             concurrent, cap_mb)
+                                             concurrent)
         alpha_now = latency_from_calls(replace(profile, latency_contention=share_now), done_ms, world_size,
-                                       concurrent, beta_ms_per_byte, cap_mb)
+                                       concurrent, beta_ms_per_byte)
         settled = abs(share_now - share) <= 1e-3 and abs(alpha_now - alpha) <= 1e-3 * alpha
         alpha, share = alpha_now, share_now
         if settled:
@@ -272,7 +271,7 @@ def calibrate(cfg: TrainConfig, root=None) -> Calibration:
         ring = fit_link(samples)
         beta = ring.model.beta_ms_per_byte
         alpha, share = fit_calls(profile, calls_done, calls_backward, cfg.world_size,
-                                 concurrent_calls(rows[0]["backend"]), beta, rows[0]["calls_cap_mb"])
+                                 concurrent_calls(rows[0]["backend"]), beta)
         profile = replace(profile, latency_contention=share)
         fit = fit_link(samples, alpha_ms=alpha)
     point = {**config_columns(cfg), "net_rate_mbit": rows[0].get("net_rate_mbit"), "process_group": rows[0]["backend"]}
@@ -286,8 +285,7 @@ def calibrate(cfg: TrainConfig, root=None) -> Calibration:
                       median_abs_pct_error=ring.median_abs_pct_error, worst_abs_pct_error=ring.worst_abs_pct_error),
         # the model used (alpha from the calls inside backward) against the same calls
         r2=fit.r2, median_abs_pct_error=fit.median_abs_pct_error, worst_abs_pct_error=fit.worst_abs_pct_error,
-        # what alpha and the share reproduce: DDP's calls at this cap inside backward
-        calls_cap_mb=rows[0]["calls_cap_mb"], calls_done_ms=calls_done, calls_backward_ms=calls_backward,
+        calls_done_ms=calls_done, calls_backward_ms=calls_backward,  # what alpha and the share reproduce
         host_cost=[r["host_cost"] for r in rows])  # each rank's stand-in backwards, per variant and round
     host = _slowest_host_cost(rows)
     return Calibration(profile=profile, comm=fit.model if fit else AlphaBeta(0.0, 0.0), **_copy_and_ddp(rows),

@@ -10,7 +10,6 @@ from dataclasses import dataclass, field
 import torch
 import torch.distributed as dist
 
-from ddp_impl.buckets import ParamSpec, assign_buckets
 from ddp_impl.reducer import hook_accumulators
 from harness import AllreduceConfig, TrainConfig
 from harness.collectives import run_allreduce_point
@@ -25,8 +24,8 @@ PROBE_SIZES = (4 * 1024, 64 * 1024, MIB, 8 * MIB, 32 * MIB, 128 * MIB)  # bytes 
 # ... at least the first three: a line through two latency-bound sizes left the cost per byte to noise (tiny-layers'
 # 0.4 MiB gradient on loopback: 0 in most probes, 0.14 Gbit/s in one, r2 0.40)
 MIN_PROBE_SIZES = 3
-# backward passes making DDP's calls (after one that warms them up): with 3 (one call per gradient), the per-call
-# latency fitted to their median moved 1.07-1.75 ms between probes of tiny-layers on 2 cores; with 9, 1.14-1.20 ms
+# backward passes with one allreduce per gradient (after one that warms them up): with 3, the per-call latency fitted
+# to their median moved 1.07-1.75 ms between probes of tiny-layers' 800 gradients on 2 cores; with 9, 1.14-1.20 ms
 LATENCY_ITERS = 9
 CONTENTION_PAIRS = 7  # (backward alone, backward under an allreduce) pairs; their compute halves join compute's
 PROBE_CALLS = 3  # timed calls per size, after one warm-up call (2 for calls of 32 MiB and more)
@@ -44,20 +43,11 @@ def median(values) -> float:
 
 @dataclass
 class _CallStream:
-    """During a latency-probe backward: an allreduce per group of gradients (``groups``, in launch order), each
-    launched as DDP launches a bucket (once its gradients and every earlier group's are ready), and when each
+    """During a latency-probe backward: the allreduce launched for each gradient as it became ready, and when each
     completed (stamped by the communication thread)."""
 
-    groups: list[list[int]]
-    buffers: list[torch.Tensor]
-    group_of: list[int]
     works: list
-    pending: list[int] = field(default_factory=list)
-    launched: int = 0
     done: list = field(default_factory=list)
-
-    def __post_init__(self):
-        self.pending = [len(g) for g in self.groups]
 
 
 class RankProbe:
@@ -72,8 +62,8 @@ class RankProbe:
                                   seed=cfg.seed * 1000 + ctx.rank)
         self.params = [p for p in self.model.parameters() if p.requires_grad]
         self.ready_at = [math.nan] * len(self.params)
+        self.grad_buffers = [torch.zeros_like(p) for p in self.params]  # what the latency probe reduces
         self.stream: _CallStream | None = None
-        self.group_calls([[i] for i in reversed(range(len(self.params)))])
         self.accumulators, _ = hook_accumulators(self.params, lambda i: lambda *_: self._on_ready(i))  # held here
         self.optimizer = torch.optim.SGD(self.params, lr=cfg.lr)
         self.trainer = build_trainer(seeded_model(cfg.model, cfg.seed).to(ctx.device), cfg, ctx) \
@@ -84,31 +74,17 @@ class RankProbe:
     def grad_bytes(self) -> int:
         return sum(p.numel() * p.element_size() for p in self.params)
 
-    def group_calls(self, groups: list[list[int]]) -> None:
-        """The latency passes' calls: one allreduce per group of gradients, of their bytes, in this order."""
-        self.call_groups = groups
-        self.call_group_of = [0] * len(self.params)
-        for k, group in enumerate(groups):
-            for i in group:
-                self.call_group_of[i] = k
-        self.call_buffers = [torch.zeros(sum(self.params[i].numel() for i in g), dtype=self.params[g[0]].dtype,
-                                         device=self.ctx.device) for g in groups]
-
     def _on_ready(self, i: int) -> None:
         self.ready_at[i] = now()
-        stream = self.stream
-        if stream is None:
-            return
-        stream.pending[stream.group_of[i]] -= 1
-        while stream.launched < len(stream.groups) and stream.pending[stream.launched] == 0:
-            work = dist.all_reduce(stream.buffers[stream.launched], group=self.ctx.group, async_op=True)
-            work.get_future().add_done_callback(lambda _f, done=stream.done: done.append(now()))
-            stream.works.append(work)
-            stream.launched += 1
+        if self.stream is not None:  # DDP's calls at cap 0: one allreduce of each gradient's size, as it is ready
+            work = dist.all_reduce(self.grad_buffers[i], group=self.ctx.group, async_op=True)
+            done = self.stream.done
+            work.get_future().add_done_callback(lambda _f: done.append(now()))
+            self.stream.works.append(work)
 
     def iteration(self, cover: torch.Tensor | None = None, calls: bool = False) -> dict:
         """One iteration without DDP (ms): its phases and each gradient's ready time from backward's start; with
-        ``cover``, under one allreduce of it launched as backward starts; with ``calls``, one allreduce per group of :meth:`group_calls`."""
+        ``cover``, under one allreduce of it launched as backward starts; with ``calls``, one allreduce per gradient."""
         ctx = self.ctx
         dist.barrier(group=ctx.group)
         t0 = now()
@@ -116,7 +92,7 @@ class RankProbe:
         t1 = stamp(ctx)
         works = [] if cover is None else [dist.all_reduce(cover, group=ctx.group, async_op=True)]
         if calls:
-            self.stream = _CallStream(self.call_groups, self.call_buffers, self.call_group_of, works)
+            self.stream = _CallStream(works)
         loss.backward()
         t2 = stamp(ctx)
         done = self.stream.done if self.stream is not None else []
@@ -151,16 +127,14 @@ def probe_rank(ctx, cfg: TrainConfig, full: bool = True, link: tuple = ()) -> li
     probe = RankProbe(ctx, cfg)
     before_ddp = probe.measured(probe.iteration) if full else []  # compute before any DDP iteration, for the record
     runs = probe.measured(probe.after_ddp)
-    found = dict(comm_samples=[], link="probed", calls_cap_mb=0.0, calls_done_ms=[], calls_backward_ms=[],
+    found = dict(comm_samples=[], link="probed", calls_done_ms=[], calls_backward_ms=[],
                  contention_pairs=[], comm_contention=0.0, host_cost={})
     copy_ms_per_byte = _copy_ms_per_byte(probe)
     if full:  # a refresh (compute_rank) re-times only the compute above
         found.update(_link_samples(probe, link))
         if ctx.world_size > 1:
             comm = fit_link(found["comm_samples"]).model
-            found["calls_cap_mb"] = calls_cap_mb(probe.params)
-            found["calls_done_ms"], found["calls_backward_ms"] = _calls_in_backward(probe, runs,
-                                                                                    found["calls_cap_mb"])  # per pass
+            found["calls_done_ms"], found["calls_backward_ms"] = _calls_in_backward(probe)  # per pass
             pairs, found["comm_contention"] = _contention(probe, comm, runs)
             found["contention_pairs"] = [(alone["backward"], under["backward"]) for alone, under in pairs]
             # The compute-only halves join the first iterations: a host's speed moves within minutes, and one slow
@@ -203,31 +177,16 @@ def _link_samples(probe: RankProbe, link: tuple) -> dict:
     return dict(comm_samples=samples, link="probed")
 
 
-def calls_cap_mb(params: list[torch.Tensor]) -> float:
-    """The latency passes' bucket cap: about ``host_cost.GRADIENTS_PER_BUCKET`` gradients' bytes a call, as DDP's
-    buckets hold (0, one call per gradient, where that gives a single call)."""
-    specs = [ParamSpec.of(str(i), p) for i, p in enumerate(params)]
-    cap = sum(s.nbytes for s in specs) * host_cost.GRADIENTS_PER_BUCKET // len(specs)
-    return cap / MIB if len(assign_buckets(specs, cap)) > 1 else 0.0
-
-
-def _calls_in_backward(probe: RankProbe, runs: list[dict], cap_mb: float) -> tuple[list[float], list[float]]:
-    """When the last of DDP's calls at ``cap_mb`` (one allreduce per bucket of gradients, laid out in the order
-    ``runs`` readied them, rank 0's, as DDP rebuilds its buckets) completed (ms from backward's start), and when
-    backward's compute ended beside those calls (per pass). What a call costs where DDP pays it: inside backward,
-    carrying its bucket's bytes, while the ranks' compute threads hold the cores. Small calls alone (between
-    barriers, back to back, or inside backward) cost per call a factor 2-5 apart between rank counts and runs on 2
-    cores. On 2 shared cores a call costs 1 ms or more while backward computes and a third of that after it, so the
-    passes make DDP's calls, not one per gradient: tiny-layers' 800 calls a pass mostly queued past backward and
-    priced its 80 buckets 21% low, its 80 calls a pass 2% (BENCHMARKS.md, hostval). The first pass warms up. Each
-    completion is stamped by a Python callback, which takes the interpreter's lock on the communication thread (a
-    tiny call after backward: 0.5-0.75 ms without it, 1.0-1.9 with it)."""
-    ready = [median(r["ready"][i] for r in runs) for i in range(len(probe.params))]
-    order = torch.tensor(sorted(range(len(ready)), key=lambda i: (ready[i], -i)), device=probe.ctx.device)
-    group = probe.ctx.group or dist.group.WORLD
-    dist.broadcast(order, src=dist.get_global_rank(group, 0), group=group)
-    specs = [ParamSpec.of(str(i), p) for i, p in enumerate(probe.params)]
-    probe.group_calls([b.param_indices for b in assign_buckets(specs, int(cap_mb * MIB), order=order.tolist())])
+def _calls_in_backward(probe: RankProbe) -> tuple[list[float], list[float]]:
+    """When the last of one allreduce per gradient, each launched as its gradient became ready, completed (ms from
+    backward's start), and when backward's compute ended beside those calls (per pass). What a call
+    costs where DDP pays it: inside backward, carrying the gradient's bytes, while the ranks' compute threads hold
+    the cores. Small calls alone (between barriers, back to back, or inside backward) cost per call a factor 2-5
+    apart between rank counts and runs on 2 cores, and several times what a call costs DDP while bytes flow. The
+    first pass warms up. Each completion is stamped by a Python callback, which takes the interpreter's lock on the
+    communication thread and about doubles what a tiny call costs after backward (0.5-0.75 -> 1.0-1.9 ms); counted
+    without it, and with the calls grouped as DDP's buckets, 80 buckets read 10-12% low (BENCHMARKS.md, "Where the
+    80 buckets' time goes")."""
     streams = [probe.iteration(calls=True) for _ in range(1 + LATENCY_ITERS)][1:]
     return [r["calls_done"] for r in streams], [r["backward"] for r in streams]
 

@@ -126,18 +126,6 @@ def test_host_cost_solves_per_gradient_and_per_bucket_from_three_backwards():
     assert (layouts.per_gradient_ms, layouts.per_bucket_ms) == (pytest.approx(0.02), pytest.approx(0.3))
 
 
-def test_the_latency_passes_call_per_bucket_of_several_gradients():
-    import torch
-
-    from simulator.host_cost import GRADIENTS_PER_BUCKET
-    from simulator.probe import calls_cap_mb
-
-    # 200 gradients of 16 or 256 floats (544 bytes on average): buckets of about 10 gradients' bytes
-    params = [torch.zeros(16 if i % 2 else 256) for i in range(200)]
-    assert calls_cap_mb(params) * 2**20 == pytest.approx(544 * GRADIENTS_PER_BUCKET, abs=1)
-    assert calls_cap_mb(params[:8]) == 0.0  # one call would carry them all: one per gradient instead
-
-
 def test_host_cost_prices_buckets_of_several_gradients_as_ddp_lays_them_out():
     import torch
 

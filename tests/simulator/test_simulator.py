@@ -149,8 +149,6 @@ def test_latency_from_calls_inverts_the_simulator():
     burst = ComputeProfile((4,) * 4, ready_ms=(0.0,) * 4, backward_ms=0.0, forward_ms=0.0, optimizer_ms=0.0)
     assert latency_from_calls(burst, 12.0, 2) == pytest.approx(1.5, rel=2e-3)
     assert latency_from_calls(burst, 12.0, 2, concurrent=2) == pytest.approx(3.0, rel=2e-3)
-    # the calls as DDP's buckets of two gradients (8 bytes): two calls, one at a time, the last done at 2 * 2 * alpha
-    assert latency_from_calls(burst, 12.0, 2, cap_mb=8 / 2**20) == pytest.approx(3.0, rel=2e-3)
     # with bytes: two 400-byte gradients ready at 0, 4 ms of bytes each (beta 0.01), one call at a time: the
     # last is done at 2a + 4 + 2a + 4; done at 12 -> a = 1
     two = ComputeProfile((400, 400), ready_ms=(0.0, 0.0), backward_ms=0.0, forward_ms=0.0, optimizer_ms=0.0)
