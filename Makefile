@@ -80,7 +80,7 @@ simval: setup
 	$(PY) -m experiments.simval $(WS_ARG) $(ARGS)
 
 # What the simulator says DDP adds, where the host sets the pace: tiny-layers' DDP at 80/9/1 buckets, at 1 and 2 ranks,
-# against predictions from its compute measured beside it (results/hostval/hostval.csv; 8 repeats each, ~6 min).
+# against predictions from its compute measured beside it (results/hostval/hostval.csv; 8 repeats each, ~7 min).
 hostval: setup
 	$(PY) -m experiments.hostval $(WS_ARG) $(ARGS)
 

@@ -1,7 +1,7 @@
 """Validate what the simulator says DDP adds where the host sets the pace (many tiny parameters).
 
     make hostval                               tiny-layers, 1 and 2 ranks, caps 0.005 / 0.05 / 1 MiB, 8 repeats each
-                                               (~6 min)
+                                               (~7 min)
     python -m experiments.hostval --world_sizes=2 --repeats=1 --rounds=20
 
 Each repeat: a full calibration probe (:mod:`simulator.calibrate`), then one job on the same ranks in which every
