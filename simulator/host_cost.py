@@ -36,6 +36,10 @@ STAND_IN_MAX_NUMEL = EAGER_COPY_NUMEL
 # gradient costs less than one of several (one rank, 800 gradients, 1 thread: 74 us a bucket from 134 to 800 buckets,
 # 100 from 9 to 80; tiny-layers' own buckets 80 and 102), so one bucket per gradient priced DDP's buckets 25% low.
 GRADIENTS_PER_BUCKET = 10
+# ... but at least this many buckets (or one per gradient, where there are fewer gradients): the cost per bucket is a
+# difference of two medians over all but one of them, and 16 buckets (ResNet50's 161 gradients, 10 a bucket) left it
+# to noise on 3 ranks sharing 2 cores (113-487 us, 90% of bootstrapped rounds; 161 buckets 136-162)
+MIN_BUCKETS = 100
 # rounds of (no DDP, one bucket, the second layout), after warm-up rounds: on 2 shared cores, where g is 5-10%
 # of the stand-in's backward, 8 rounds read 2-8 us a gradient across probes, 24 rounds 3-6 us (about 3 s)
 HOST_ROUNDS, HOST_WARMUP = 24, 2
@@ -124,9 +128,10 @@ def measure(ctx, cfg, copy_ms_per_byte: float, params: list[torch.Tensor]) -> di
 
 
 def layouts(weights: list[torch.Tensor]) -> list[tuple[float, int]]:
-    """The two layouts' caps (MiB) and bucket counts: one bucket (one per dtype), and buckets of about
-    ``GRADIENTS_PER_BUCKET`` gradients' bytes (one per gradient where that gives no more buckets), counted as DDP
-    lays them out from its second iteration (gradients in reverse registration order, as the stand-in's arrive)."""
+    """The two layouts' caps (MiB) and bucket counts: one bucket (one per dtype), and buckets of equal bytes,
+    about ``GRADIENTS_PER_BUCKET`` gradients each but at least ``MIN_BUCKETS`` of them (one per gradient where that
+    leaves no fewer), counted as DDP lays them out from its second iteration (gradients in reverse registration
+    order, as the stand-in's arrive)."""
     specs = [ParamSpec.of(str(i), w) for i, w in enumerate(weights)]
     nbytes = sum(s.nbytes for s in specs)
 
@@ -134,7 +139,13 @@ def layouts(weights: list[torch.Tensor]) -> list[tuple[float, int]]:
         return len(assign_buckets(specs, mb_to_bytes(mb)))
 
     one = 2 * nbytes / 2**20
-    several = nbytes * GRADIENTS_PER_BUCKET / len(specs) / 2**20
+    want = max(len(specs) // GRADIENTS_PER_BUCKET, MIN_BUCKETS)
+    several = nbytes / want / 2**20 if want < len(specs) else 0.0
+    if count(several) < want:  # large gradients each fill a bucket of their own: the largest cap that gives enough
+        lo, hi = 0.0, several
+        for _ in range(40):
+            lo, hi = ((lo + hi) / 2, hi) if count((lo + hi) / 2) >= want else (lo, (lo + hi) / 2)
+        several = lo
     if count(several) <= count(one):
         several = 0.0
     return [(one, count(one)), (several, count(several))]

@@ -129,16 +129,19 @@ def test_host_cost_solves_per_gradient_and_per_bucket_from_three_backwards():
 def test_host_cost_prices_buckets_of_several_gradients_as_ddp_lays_them_out():
     import torch
 
-    from simulator.host_cost import GRADIENTS_PER_BUCKET, layouts
+    from simulator.host_cost import GRADIENTS_PER_BUCKET, MIN_BUCKETS, layouts
 
-    # 200 gradients of 16 or 256 floats: one bucket, then buckets of about 10 gradients' bytes (two kinds: one
-    # bucket each at first)
-    weights = [torch.zeros(16 if i % 2 else 256) for i in range(200)]
+    # 2000 gradients of 16 or 256 floats: one bucket, then buckets of about 10 gradients' bytes
+    weights = [torch.zeros(16 if i % 2 else 256) for i in range(2000)]
     (one_mb, one), (several_mb, several) = layouts(weights)
-    assert one == 1 and one_mb * 2**20 >= 4 * (100 * 16 + 100 * 256)
-    assert 0.8 * 200 / GRADIENTS_PER_BUCKET <= several <= 1.2 * 200 / GRADIENTS_PER_BUCKET
+    assert one == 1 and one_mb * 2**20 >= 4 * (1000 * 16 + 1000 * 256)
+    assert 0.9 * 2000 / GRADIENTS_PER_BUCKET <= several <= 1.1 * 2000 / GRADIENTS_PER_BUCKET
     assert layouts(weights + [torch.zeros(3, dtype=torch.float64)])[0][1] == 2  # a bucket per dtype
-    # too few gradients for buckets of 10: one bucket per gradient instead
+    # fewer gradients: still enough buckets to stand above the noise, even where large ones fill a bucket each
+    assert MIN_BUCKETS <= layouts(weights[:300])[1][1] < 300
+    mixed = [torch.zeros(2**16)] * 50 + [torch.zeros(64)] * 150
+    assert MIN_BUCKETS <= layouts(mixed)[1][1] < 200
+    # too few gradients for that: one bucket per gradient
     assert layouts(weights[:8])[1] == (0.0, 8)
 
 
