@@ -66,8 +66,7 @@ class RankProbe:
         self.stream: _CallStream | None = None
         self.accumulators, _ = hook_accumulators(self.params, lambda i: lambda *_: self._on_ready(i))  # held here
         self.optimizer = torch.optim.SGD(self.params, lr=cfg.lr)
-        self.trainer = build_trainer(seeded_model(cfg.model, cfg.seed).to(ctx.device), cfg, ctx) \
-            if ctx.world_size > 1 else None
+        self.trainer = None  # DDP's replica, built by the first after_ddp()
         self.ddp_runs: list[dict] = []  # DDP's own phases, for the record
 
     @property
@@ -108,10 +107,13 @@ class RankProbe:
                     calls_done=ms(t1, max(done, default=t1)))
 
     def after_ddp(self) -> dict:
-        """A compute-only iteration right after one of DDP at the point's settings (whose phases are kept)."""
-        if self.trainer is not None:
-            self.ddp_runs.append(timed_iteration(self.cfg.model, self.trainer.model, self.trainer.optimizer,
-                                                 self.inputs, self.ctx)[0])
+        """A compute-only iteration right after one of DDP at the point's settings (whose phases are kept), at one
+        rank too: there compute timed back to back read 13-18% faster than beside DDP's iterations (tiny-layers)."""
+        if self.trainer is None:
+            self.trainer = build_trainer(seeded_model(self.cfg.model, self.cfg.seed).to(self.ctx.device), self.cfg,
+                                         self.ctx)
+        self.ddp_runs.append(timed_iteration(self.cfg.model, self.trainer.model, self.trainer.optimizer, self.inputs,
+                                             self.ctx)[0])
         return self.iteration()
 
     def measured(self, step) -> list[dict]:
