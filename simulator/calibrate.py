@@ -9,9 +9,9 @@ training):
 * compute: iterations without DDP: forward, backward, optimizer step, and each parameter's gradient-ready time
   (ddp_impl's hook on each gradient accumulator), the order and timing DDP's buckets follow; medians over the
   first iterations and the compute-only halves of the contention pairs, so that they span the probe; each one right
-  after an iteration of DDP itself at the point's settings (a second replica), so that compute is timed beside
-  training as the points then run it (kept for the record: DDP's own phases, and compute alone before any DDP
-  iteration);
+  after an iteration of DDP itself at the point's settings (a second replica; one rank too), so that compute is
+  timed beside training as the points then run it (kept for the record: DDP's own phases, and compute alone before
+  any DDP iteration);
 * communication: the allreduce microbenchmark of ``make fig2`` (:func:`harness.collectives.run_allreduce_point`),
   one call per iteration of 4 KiB up to the gradient's size (three sizes at least, up to 1 MiB; at most 128 MiB)
   on the point's link, fitted to the ring alpha-beta model (:func:`simulator.comm.fit_link`) for the cost per byte;
