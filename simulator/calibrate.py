@@ -58,7 +58,8 @@ EARLIER_READABLE = {10: "no host cost (0: the probe did not measure it)",
                     12: "no latency contention (0: calls waiting out their latency cost compute nothing)",
                     13: "compute as the slowest rank's medians (since: the slowest rank in each iteration)",
                     14: "host cost from 400 Linear(8, 8) gradients (since: the point's model's parameters)",
-                    15: "host cost per bucket from one bucket per gradient (since: buckets of about 10 gradients)"}
+                    15: "host cost per bucket from one bucket per gradient (since: buckets of about 10 gradients), "
+                        "compute at one rank timed back to back (since: after DDP's iterations)"}
 FIT_ROUNDS = 30  # at most, of fit_calls' turns
 STORED_LINK_RATE_TOLERANCE = 0.01  # make fig2's calls stand in for the probe's on a link rate within 1% of the point's
 
