@@ -51,7 +51,7 @@ class Config:
     world_sizes: tuple[int, ...] = (1, 2)  # 1: DDP's host work alone; 2: with the link, on shared cores
     net: str = "loopback"
     # one intra-op thread a rank, as fig7's 2 ranks on 2 cores have: a rank alone would get 2, and OpenMP's spinning
-    # worker then delays Gloo's thread (one rank, one bucket: its call took 2.8 ms, 0.5 with OMP_WAIT_POLICY=PASSIVE)
+    # worker then delays Gloo's thread (one rank, one bucket: its call took 2.8 ms, 0.75 with OMP_WAIT_POLICY=PASSIVE)
     threads_per_rank: int = 1
     caps_mb: tuple[float, ...] = (0.005, 0.05, 1.0)  # tiny-layers: 80, 9 and 1 buckets
     rounds: int = 60  # measured rounds of the interleaved job (one iteration of each variant each)

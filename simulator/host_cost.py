@@ -21,7 +21,7 @@ import torch.distributed as dist
 from torch import nn
 
 from ddp_impl.bucket_store import EAGER_COPY_NUMEL
-from ddp_impl.buckets import ParamSpec, assign_buckets, mb_to_bytes
+from ddp_impl.buckets import ParamSpec, assign_buckets
 from ddp_impl.reducer import hook_accumulators
 from harness.runner import build_trainer
 from harness.timing import ms, now, stamp
@@ -61,7 +61,7 @@ def solve(backward_ms: tuple[float, float, float], gradients: int, copy_ms: floa
     into the buckets and back out. Never negative, as noise between the medians can make a difference."""
     few, many = buckets or (1, gradients)
     none, first, second = backward_ms
-    per_bucket = max((second - first) / (many - few), 0.0)
+    per_bucket = max((second - first) / (many - few), 0.0) if many > few else 0.0  # one parameter (per dtype)
     per_gradient = max((first - none - few * per_bucket - copy_ms) / gradients, 0.0)
     return HostCost(per_gradient, per_bucket, backward_ms)
 
@@ -135,17 +135,14 @@ def layouts(weights: list[torch.Tensor]) -> list[tuple[float, int]]:
     specs = [ParamSpec.of(str(i), w) for i, w in enumerate(weights)]
     nbytes = sum(s.nbytes for s in specs)
 
-    def count(mb: float) -> int:
-        return len(assign_buckets(specs, mb_to_bytes(mb)))
+    def count(cap_bytes: int) -> int:
+        return len(assign_buckets(specs, cap_bytes))
 
-    one = 2 * nbytes / 2**20
     want = max(len(specs) // GRADIENTS_PER_BUCKET, MIN_BUCKETS)
-    several = nbytes / want / 2**20 if want < len(specs) else 0.0
-    if count(several) < want:  # large gradients each fill a bucket of their own: the largest cap that gives enough
-        lo, hi = 0.0, several
-        for _ in range(40):
-            lo, hi = ((lo + hi) / 2, hi) if count((lo + hi) / 2) >= want else (lo, (lo + hi) / 2)
+    several = nbytes // want if want < len(specs) else 0
+    if several and count(several) < want:  # large gradients each fill a bucket: the largest cap that gives enough
+        lo, hi = 0, several
+        while hi - lo > 1:
+            lo, hi = ((lo + hi) // 2, hi) if count((lo + hi) // 2) >= want else (lo, (lo + hi) // 2)
         several = lo
-    if count(several) <= count(one):
-        several = 0.0
-    return [(one, count(one)), (several, count(several))]
+    return [(2 * nbytes / 2**20, count(2 * nbytes)), (several / 2**20, count(several))]

@@ -108,7 +108,7 @@ class RankProbe:
 
     def after_ddp(self) -> dict:
         """A compute-only iteration right after one of DDP at the point's settings (whose phases are kept), at one
-        rank too: there compute timed back to back read 13-18% faster than beside DDP's iterations (tiny-layers)."""
+        rank too: there compute timed back to back read 14-20% faster than beside DDP's iterations (tiny-layers)."""
         if self.trainer is None:
             self.trainer = build_trainer(seeded_model(self.cfg.model, self.cfg.seed).to(self.ctx.device), self.cfg,
                                          self.ctx)
@@ -145,15 +145,16 @@ def probe_rank(ctx, cfg: TrainConfig, full: bool = True, link: tuple = ()) -> li
             runs += [alone for alone, _ in pairs]
         # one rank too: there DDP's host work is all it adds (an H100 ran torch's DDP 1.19-1.39x no DDP)
         found["host_cost"] = host_cost.measure(ctx, cfg, copy_ms_per_byte, probe.params)
+    # DDP's first iteration runs on the first bucket layout, the second rebuilds it in its forward (none may be left
+    # at one rank with few iterations: there no contention pairs add more)
+    settled = probe.ddp_runs[max(2, cfg.warmup):]
     # every iteration's phases and ready times, not medians: DDP waits for the slower rank in each iteration
     # (calibrate.slowest_compute), which takes longer than the slower rank's median on a shared host
     return [dict(rank=ctx.rank, backend=ctx.backend, runs=[{k: r[k] for k in (*PHASES, "ready")} for r in runs],
                  param_bytes=[p.numel() * p.element_size() for p in probe.params], **found,
                  copy_ms_per_byte=copy_ms_per_byte,
                  buffer_bytes=sum(b.numel() * b.element_size() for b in probe.model.buffers()),
-                 # DDP's first iteration runs on the first bucket layout, the second rebuilds it in its forward
-                 ddp={k: median(r[k] for r in probe.ddp_runs[max(2, cfg.warmup):]) for k in DDP_PHASES}
-                 if probe.ddp_runs else {},
+                 ddp={k: median(r[k] for r in settled) for k in DDP_PHASES} if settled else {},
                  compute_before_ddp={f"{k}_ms": median(r[k] for r in before_ddp) for k in PHASES} if before_ddp
                  else {})]
 
