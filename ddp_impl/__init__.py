@@ -4,7 +4,8 @@ Depends on torch only. ``buckets`` assigns parameters to buckets (pure functions
 readiness and launch order, over ``bucket_store`` (the flat buckets and their views) and ``write_back`` (the
 wait and copy back into ``.grad``); ``distributed`` is the module front-end, with ``outputs`` (what a forward
 returns), ``broadcast`` (parameter and buffer syncs) and ``join`` (uneven inputs); ``comm_hooks`` and
-``process_groups`` are the pluggable communication pieces, ``timing`` the per-iteration instrumentation.
+``process_groups`` are the pluggable communication pieces, ``timing`` the per-iteration instrumentation,
+``lifetime`` what makes the process exit cleanly whatever the script does at its end.
 """
 from . import comm_hooks
 from .buckets import Bucket, ParamSpec, assign_buckets, initial_buckets

@@ -24,7 +24,7 @@ import torch.distributed as dist
 from torch import nn
 from torch.distributed.algorithms.join import Join, Joinable
 
-from . import join
+from . import join, lifetime
 from .broadcast import BROADCAST_CHUNK_BYTES, broadcast_coalesced
 from .buckets import mb_to_bytes
 from .comm_hooks import resolve
@@ -124,6 +124,7 @@ class DistributedDataParallel(nn.Module, Joinable):
         self._comm_hook = None
         if comm_hook is not None:  # the default group as None, so the model stays picklable (as torch's hooks)
             self.register_comm_hook(None if group is dist.group.WORLD else group, comm_hook)
+        lifetime.track(self)
 
     def _make_reducer(self) -> Reducer:
         named = [(n, p) for n, p in self.module.named_parameters() if p.requires_grad]
@@ -299,6 +300,18 @@ class DistributedDataParallel(nn.Module, Joinable):
         self.reducer = self._make_reducer()
         if self._comm_hook is not None:
             self.reducer.comm_hook, self.reducer.comm_state = self._comm_hook
+        lifetime.track(self)
+
+    def release_groups(self) -> None:
+        """Drop every reference this DDP holds to a process group, so that destroying the groups frees them
+        (``ddp_impl.lifetime``, at exit); it cannot communicate afterwards."""
+        self.process_group = self._primary = None
+        reducer = getattr(self, "reducer", None)
+        if reducer is not None:
+            reducer.group = reducer.comm_state = reducer._used_work = None
+            reducer._futures = []
+        if self._comm_hook is not None:
+            self._comm_hook = (self._comm_hook[0], None)
 
 
 def _buffer_sync(broadcast_buffers: bool | None, forward_sync_buffers: bool | None) -> tuple[bool, bool]:

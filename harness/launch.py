@@ -74,27 +74,65 @@ class _LauncherStdio:
 
 # A rank that has died without reporting may still have its result in flight; wait this long for it.
 _DEAD_GRACE_S = 2.0
+# Once one rank has failed, how long the parent keeps listening before it ends the ranks: a peer's death shows
+# in its exit code a moment after the survivors have seen their connections reset, and it, not their error, is
+# the cause.
+_CAUSE_GRACE_S = 1.0
 
 
 class LaunchError(RuntimeError):
-    """A rank raised, died, or hung; the message holds each failed rank's traceback or exit code. ``crashed``:
-    the ranks a crash signal ended (SIGSEGV, SIGBUS, SIGABRT, SIGFPE, SIGILL), a fault inside native code."""
+    """A rank raised, died, or hung. ``failed_rank`` failed first and ``cause`` says how (its signal, exit code,
+    or its exception's last line); the message starts with them, then holds each failed rank's traceback or why
+    it failed. ``crashed``: the ranks a crash signal ended (SIGSEGV, SIGBUS, SIGABRT, SIGFPE, SIGILL), a fault
+    inside native code."""
 
-    def __init__(self, message: str, crashed: Sequence[int] = ()):
+    def __init__(self, message: str, crashed: Sequence[int] = (), failed_rank: int | None = None,
+                 cause: str = ""):
         super().__init__(message)
         self.crashed = tuple(crashed)
+        self.failed_rank, self.cause = failed_rank, cause
 
 
 CRASH_SIGNALS = (signal.SIGSEGV, signal.SIGBUS, signal.SIGABRT, signal.SIGFPE, signal.SIGILL)
 
 
-def _launch_error(errors: dict[int, str], world_size: int, backend: str, crashed: dict | None = None) -> LaunchError:
-    """One error for the whole launch: each failed rank's traceback or why it failed, then the ranks a crash
-    signal ended (rank -> the signal's name)."""
-    crashed = crashed or {}
+def exit_cause(exitcode: int) -> str:
+    """How a process ended, in words: its signal's name, or its exit code."""
+    if exitcode < 0:
+        try:
+            return f"killed by {signal.Signals(-exitcode).name}"
+        except ValueError:
+            return f"killed by signal {-exitcode}"
+    return f"exited with code {exitcode}"
+
+
+def _last_line(text: str) -> str:
+    lines = [line.strip() for line in text.strip().splitlines() if line.strip()]
+    return lines[-1] if lines else text
+
+
+def root_cause(errors: dict[int, str], died: dict[int, int]) -> tuple[int, str]:
+    """(the rank that failed first, how): a rank that died is the cause, before what its peers saw of it (a
+    connection reset, a timeout); otherwise the first rank to report (``errors`` in the order reported)."""
+    if died:
+        rank = next(iter(died))
+        return rank, exit_cause(died[rank])
+    rank = next(iter(errors))
+    return rank, _last_line(errors[rank])
+
+
+def _launch_error(errors: dict[int, str], world_size: int, backend: str, died: dict[int, int] | None = None,
+                  crashed: dict | None = None) -> LaunchError:
+    """One error for the whole launch: the root cause first, then each failed rank's traceback or why it failed,
+    then the ranks a crash signal ended (rank -> the signal's name)."""
+    died, crashed = died or {}, crashed or {}
+    failed_rank, cause = root_cause(errors, died)
+    errors = {**{r: f"rank {r} {exit_cause(code)} without reporting a result" for r, code in died.items()},
+              **errors}
     detail = "\n".join(f"--- rank {r} ---\n{msg.rstrip()}" for r, msg in sorted(errors.items()))
     detail += "".join(f"\nrank {r} crashed ({name})" for r, name in crashed.items())
-    return LaunchError(f"{len(errors)} of {world_size} rank(s) failed ({backend}):\n{detail}", list(crashed))
+    return LaunchError(f"rank {failed_rank} failed first: {cause}\n{len(errors)} of {world_size} rank(s) failed "
+                       f"({backend}):\n{detail}", list(crashed), failed_rank, cause)
 
 
 @dataclass(frozen=True)
@@ -245,34 +283,45 @@ class RankPool:
         for q in self._queues:
             q.put((task_id, fn, tuple(args)))
         try:
-            outputs, errors = self._collect(task_id, deadline_s)
+            outputs, errors, died = self._collect(task_id, deadline_s)
         except BaseException:
             self.close(orderly=False)
             raise
-        if errors:
+        if errors or died:
             procs = self._procs
             self.close(orderly=False)  # after which a rank a peer reported first has been reaped too
             crashed = {r: signal.Signals(-p.exitcode).name for r, p in enumerate(procs)
                        if -(p.exitcode or 0) in CRASH_SIGNALS}
-            raise _launch_error(errors, self.world_size, self.backend, crashed)
+            raise _launch_error(errors, self.world_size, self.backend, died, crashed)
         return [outputs[r] for r in range(self.world_size)]
 
-    def _collect(self, task_id: int, deadline_s: float | None) -> tuple[dict, dict]:
+    def _collect(self, task_id: int, deadline_s: float | None) -> tuple[dict, dict, dict]:
+        """(results, errors in the order reported, exit codes of the ranks that died without reporting, in the
+        order seen). After the first failure it listens :data:`_CAUSE_GRACE_S` longer, so that the cause is in."""
         world_size, timeout_s = self.world_size, self.timeout_s
         start = time.monotonic()
         outputs: dict[int, Any] = {}
         errors: dict[int, str] = {}
+        died: dict[int, int] = {}
         dead_since: dict[int, float] = {}
-        first_done = None
-        while len(outputs) < world_size and not errors:
+        first_done = failed_at = None
+        while len(outputs) + len(errors) + len(died) < world_size:
+            now = time.monotonic()
+            if failed_at is None and (errors or died):
+                failed_at = now
+            if failed_at is not None and now - failed_at > _CAUSE_GRACE_S:
+                break
             try:
                 rank, done_id, status, payload = self._results.get(timeout=0.2)
             except queue.Empty:
                 now = time.monotonic()
                 for r, p in enumerate(self._procs):
-                    if r not in outputs and p.exitcode is not None:
-                        if now - dead_since.setdefault(r, now) > _DEAD_GRACE_S:
-                            errors[r] = f"rank {r} exited with code {p.exitcode} without reporting a result"
+                    if r not in outputs and r not in errors and r not in died and p.exitcode is not None:
+                        # reported already, or dead a while with nothing in flight; at once after a failure
+                        if failed_at is not None or now - dead_since.setdefault(r, now) > _DEAD_GRACE_S:
+                            died[r] = p.exitcode
+                if failed_at is not None:
+                    continue
                 if deadline_s is not None and now - start > deadline_s:
                     errors.update({r: f"rank {r} still running after the {deadline_s:.0f} s deadline"
                                    for r in range(world_size) if r not in outputs})
@@ -289,7 +338,7 @@ class RankPool:
                 first_done = first_done or time.monotonic()
             else:
                 errors[rank] = payload
-        return outputs, errors
+        return outputs, errors, died
 
 
 def _run_in_place(fn, world_size, backend, args, timeout_s, threads) -> list:

@@ -202,7 +202,8 @@ class NamespacePool:
         answer = self._ask(request, None if deadline_s is None else deadline_s + 60)
         if answer["status"] != "ok":
             self.close()  # a fault may have changed the namespace (a host's link down): the next run starts afresh
-            raise LaunchError(answer["message"], answer.get("crashed", ()))
+            raise LaunchError(answer["message"], answer.get("crashed", ()), answer.get("failed_rank"),
+                              answer.get("cause", ""))
         if answer["dropped"]:
             print(f"[netem] the emulated links dropped {answer['dropped']} packet(s) at {self.setup['rate_mbit']:g} "
                   f"Mbit/s; TCP retransmissions may have inflated the times", file=sys.stderr)

@@ -130,7 +130,8 @@ def _serve(setup: dict, answer, hosts_netns: list[str]) -> int:
                     continue
                 results = pool.run(import_name(req["fn"]), decode(req["args"]), req["deadline_s"])
             except LaunchError as exc:
-                answer(status="launch_error", message=str(exc), crashed=list(exc.crashed))
+                answer(status="launch_error", message=str(exc), crashed=list(exc.crashed), failed_rank=exc.failed_rank,
+                       cause=exc.cause)
                 continue
             except Exception:  # noqa: BLE001 - reported to the parent as text
                 answer(status="error", message=traceback.format_exc())

@@ -68,7 +68,7 @@ SCHEMA: dict[str, str] = {
     "torch_version": "string", "hostname": "string", "device_name": "string", "num_threads": "Int64",
     "git_commit": "string", "started_at": "string", "point_seconds": "float64", "order_seed": "Int64",
     "run_position": "Int64", "group": "string", "round_position": "Int64",
-    "error": "string",
+    "error": "string", "failed_rank": "Int64", "cause": "string",
 }
 
 ALWAYS = ("experiment", "point_id", "point_type", "rank", "iteration", "error")

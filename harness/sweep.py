@@ -174,10 +174,17 @@ def _run_on_pool(pools: _Pools, cfg: PointConfig, rate_mbit: float | None, task,
 
 
 def _error_row(cfg: PointConfig, exc: BaseException) -> dict:
-    text = "".join(traceback.format_exception(exc)).strip()
+    """The point's error row: the root cause as fields (a launch's first failed rank and how it failed; else the
+    exception's own line) and first in the text, whose middle is cut when long."""
+    if isinstance(exc, LaunchError):
+        failed_rank, cause, text = exc.failed_rank, exc.cause, str(exc)
+    else:
+        failed_rank, cause = None, "".join(traceback.format_exception_only(exc)).strip()
+        text = f"{cause}\n" + "".join(traceback.format_exception(exc)).strip()
     if len(text) > MAX_ERROR_CHARS:
-        text = "...\n" + text[-MAX_ERROR_CHARS:]
-    return {**config_columns(cfg), "error": text}
+        head = text.splitlines()[0][:MAX_ERROR_CHARS // 4]
+        text = f"{head}\n...\n" + text[-(MAX_ERROR_CHARS - len(head)):]
+    return {**config_columns(cfg), "error": text, "failed_rank": failed_rank, "cause": cause}
 
 
 def _pending(experiment: str, ids: list[str], root, retry_errors: bool) -> set[str]:

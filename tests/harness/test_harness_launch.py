@@ -40,18 +40,22 @@ def test_launch_runs_every_rank(world_size):
         assert r["threads"] == r["ctx_threads"] == expected_threads
 
 
-@pytest.mark.parametrize("fault", ["raise@1", "exit@1"])
-def test_failing_or_dead_rank_fails_the_launch(fault):
+@pytest.mark.parametrize("fault, cause", [("raise@1", "RuntimeError: injected fault on rank 1"),
+                                          ("exit@1", "exited with code 3")])
+def test_failing_or_dead_rank_fails_the_launch_naming_it_as_the_cause(fault, cause):
+    """The failed rank is the cause even when its peer reports first what it saw of it (a connection reset)."""
     start = time.monotonic()
-    with pytest.raises(LaunchError, match="rank"):
+    with pytest.raises(LaunchError) as err:
         launch(_sum_ranks, 2, "gloo", args=(fault,), timeout_s=60, threads=1)
+    assert (err.value.failed_rank, err.value.cause) == (1, cause)
+    assert str(err.value).startswith(f"rank 1 failed first: {cause}")
     assert time.monotonic() - start < 45  # noticed promptly, not after the 60 s group timeout
 
 
 def test_a_crashed_rank_is_named_and_prints_its_python_stack(capfd):
     with pytest.raises(LaunchError, match=r"rank 1 crashed \(SIGSEGV\)") as err:
         launch(_sum_ranks, 2, "gloo", args=("segv@1",), timeout_s=60, threads=1)
-    assert err.value.crashed == (1,)
+    assert err.value.crashed == (1,) and (err.value.failed_rank, err.value.cause) == (1, "killed by SIGSEGV")
     assert "Fatal Python error: Segmentation fault" in capfd.readouterr().err  # faulthandler in the rank
     with pytest.raises(LaunchError) as err:
         launch(_sum_ranks, 2, "gloo", args=("exit@1",), timeout_s=60, threads=1)

@@ -73,6 +73,7 @@ def test_failing_point_is_stored_and_the_sweep_goes_on(tmp_path, capsys):
     assert "2/2" in err and "failed" in err  # progress bar reached the end; failure reported
     failed = df[df["point_id"] == point_id(bad)]
     assert len(failed) == 1 and "injected fault on rank 1" in failed["error"].iloc[0]
+    assert failed["failed_rank"].iloc[0] == 1 and failed["cause"].iloc[0] == "RuntimeError: injected fault on rank 1"
     assert failed["fault"].iloc[0] == "raise@1" and failed["rank"].isna().all()
     ok = df[df["point_id"] == point_id(good)]
     assert len(ok) == 2 and (ok["error"] == "").all() and ok["total_ms"].notna().all()

@@ -1,0 +1,71 @@
+"""Why a process that used this DDP never aborts at exit, however its script ends.
+
+A Gloo process group runs worker threads and an I/O thread, joined only when the group object is freed. A group
+still alive when the interpreter finalizes can abort the process after all its work is done ("terminate called
+without an active exception", SIGABRT): a worker dropping a finished collective's tensors takes the GIL, a thread
+taking the GIL during finalization is ended with ``pthread_exit``, and that unwinding meets a noexcept destructor.
+Three things keep a group alive past a script's last line:
+
+1. ``torch.distributed.nn.functional``'s default arguments (``group=group.WORLD``), evaluated when that module is
+   first imported; torch imports it with ``torch._dynamo``, e.g. when an optimizer is created. Imported while a
+   group exists, it holds that group for good: ``destroy_process_group()`` cannot free it. :func:`unpin_defaults`
+   puts back the ``None`` those defaults have when the module is imported before any group (the same meaning:
+   the collectives then use the default group).
+2. A DDP that still references its group: alive in a global, or in a reference cycle.
+3. A group never destroyed (the script leaves it to the interpreter's exit).
+
+At exit (``atexit``, registered when ``ddp_impl`` is imported, so it runs after the handlers a script registers
+later) :func:`release_at_exit` undoes all three once a DDP of ours was built in the process: it unpins, drops the
+groups of every live DDP, destroys the groups still there (no barrier: a peer that already left would make it
+wait out the timeout) and collects garbage, so the groups' threads are joined while the interpreter is whole.
+"""
+from __future__ import annotations
+
+import atexit
+import gc
+import inspect
+import sys
+import weakref
+
+import torch.distributed as dist
+
+_live: weakref.WeakSet = weakref.WeakSet()  # every DDP of ours not yet freed
+_used = False  # a DDP of ours was built in this process: the exit is then ours to make safe
+
+
+def unpin_defaults() -> None:
+    """Replace the process groups that ``torch.distributed.nn.functional``'s defaults captured with ``None``."""
+    functional = sys.modules.get("torch.distributed.nn.functional")
+    if functional is None:  # not imported yet: it will capture whatever group exists when it is
+        return
+    for fn in vars(functional).values():
+        defaults = getattr(fn, "__defaults__", None) if inspect.isfunction(fn) else None
+        if defaults and any(isinstance(d, dist.ProcessGroup) for d in defaults):
+            fn.__defaults__ = tuple(None if isinstance(d, dist.ProcessGroup) else d for d in defaults)
+
+
+def track(ddp) -> None:
+    """Called by each DDP as it is built: unpin now (a group the script destroys is then freed with its last
+    DDP), and remember the DDP, whose groups the exit drops."""
+    global _used
+    _used = True
+    _live.add(ddp)
+    unpin_defaults()
+
+
+def release_at_exit() -> None:
+    """The exit's part (see the module docstring); does nothing in a process that built no DDP of ours."""
+    if not _used:
+        return
+    unpin_defaults()
+    for ddp in list(_live):
+        ddp.release_groups()
+    if dist.is_available() and dist.is_initialized():
+        try:
+            dist.destroy_process_group()
+        except Exception as exc:  # noqa: BLE001 - a failing teardown must not turn a finished run into a failure
+            print(f"[ddp_impl] destroying the process groups at exit failed: {exc}", file=sys.stderr)
+    gc.collect()
+
+
+atexit.register(release_at_exit)
