@@ -14,7 +14,7 @@ fig2 fig9 fig10 zero simval hostval: WS_ARG = $(if $(WORLD_SIZE),$(error WORLD_S
 	world sizes; give them as ARGS="--world_sizes=..."))
 gpu-check: WS_ARG = $(if $(WORLD_SIZE),$(error WORLD_SIZE=$(WORLD_SIZE): make gpu-check runs on every visible GPU))
 
-.PHONY: setup test clean figures plots claims timeline bench gpu-check simval hostval tune zero torch-ddp-tests $(FIGURES)
+.PHONY: setup test stress clean figures plots claims timeline bench gpu-check simval hostval tune zero torch-ddp-tests $(FIGURES)
 
 setup: $(STAMP)
 
@@ -40,6 +40,12 @@ $(TEST_STAMP): $(STAMP)
 # `make test ARGS="-k bucket --durations=10"`: ARGS go to pytest.
 test: $(TEST_STAMP)
 	$(PY) -m pytest tests $(ARGS)
+
+# The flake hunt: every test file that launches processes 10 times (every other run beside a CPU hog) and a user's
+# exit script 30 times per DDP and ending -> results/stress/*.csv and a table of failures (hours on 2 cores);
+# `make stress ARGS="--runs=2 --exit_runs=5 --files=tests/harness/test_harness_launch.py"`.
+stress: $(TEST_STAMP)
+	$(PY) -m tests.stress $(ARGS)
 
 $(FIGURES): setup
 	$(PY) -m experiments $@ $(WS_ARG) $(ARGS)

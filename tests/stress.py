@@ -1,0 +1,145 @@
+"""The flake hunt, kept as a command (``make stress``): every test file that launches processes, run ``--runs``
+times (every other run beside a CPU hog taking one core), and the user-style exit script
+(``tests/ddp_impl/exit_script.py``) ``--exit_runs`` times per DDP and ending. Prints failures per test and
+aborts per ending, and appends every outcome to ``<out>/tests.csv`` and ``<out>/exit.csv`` as it goes (an
+interrupted hunt keeps what it ran). ``--summary`` only prints the tables of what ``<out>`` holds.
+
+    make stress                                  # 10 runs per file, 30 per ending (hours on 2 cores)
+    make stress ARGS="--runs=2 --exit_runs=5 --files=tests/harness/test_harness_launch.py"
+"""
+from __future__ import annotations
+
+import argparse
+import contextlib
+import csv
+import subprocess
+import sys
+import tempfile
+import xml.etree.ElementTree as ET
+from pathlib import Path
+
+import pandas as pd
+
+from tests.ddp_impl.exit_script import ENDINGS, LEFT_MARK
+
+ROOT = Path(__file__).resolve().parents[1]
+# A test file launches processes when its source (or the worker module it names) does any of these.
+LAUNCHES = ("launch(", "RankPool", "run_sweep(", "run_point(", "subprocess", "spawn", "NamespacePool",
+            "run_experiments(", "workers.")
+ABORTED = ("SIGABRT", "terminate called")
+
+
+def launching_files() -> list[Path]:
+    files = sorted((ROOT / "tests").glob("**/test_*.py"))
+    return [f for f in files if "torch_suite" not in f.parts and any(m in f.read_text() for m in LAUNCHES)]
+
+
+@contextlib.contextmanager
+def cpu_hog(on: bool):
+    """A process spinning on one core while the block runs (nothing when ``on`` is False)."""
+    hog = subprocess.Popen([sys.executable, "-c", "while True: pass"]) if on else None
+    try:
+        yield
+    finally:
+        if hog is not None:
+            hog.kill()
+            hog.wait()
+
+
+def _append(path: Path, row: dict) -> None:
+    new = not path.exists()
+    with path.open("a", newline="") as f:
+        writer = csv.DictWriter(f, fieldnames=list(row))
+        if new:
+            writer.writeheader()
+        writer.writerow(row)
+
+
+def run_file(path: Path) -> list[tuple[str, str]]:
+    """(test id, outcome) for every test of one pytest run of ``path``; outcome passed, failed or skipped."""
+    with tempfile.TemporaryDirectory() as tmp:
+        report = Path(tmp) / "report.xml"
+        subprocess.run([sys.executable, "-m", "pytest", str(path), "-q", "-p", "no:cacheprovider",
+                        f"--junitxml={report}"], cwd=ROOT, capture_output=True, timeout=1800)
+        if not report.exists():
+            return [(str(path.relative_to(ROOT)), "failed")]  # pytest itself died
+        outcomes = []
+        for case in ET.parse(report).iter("testcase"):
+            kinds = {child.tag for child in case}
+            outcome = "failed" if kinds & {"failure", "error"} else "skipped" if "skipped" in kinds else "passed"
+            outcomes.append((f"{case.get('classname')}::{case.get('name')}", outcome))
+        return outcomes
+
+
+def run_exit_script(impl: str, ending: str) -> dict:
+    done = subprocess.run([sys.executable, str(ROOT / "tests/ddp_impl/exit_script.py"), impl, ending], cwd=ROOT,
+                          capture_output=True, text=True, timeout=300)
+    return {"returncode": done.returncode, "aborted": any(m in done.stderr for m in ABORTED),
+            "ranks_with_threads_left": done.stderr.count(LEFT_MARK)}
+
+
+def summary(out: Path) -> str:
+    """The two tables of what ``out`` holds: failures per test, and exits per DDP and ending."""
+    parts = []
+    if (out / "tests.csv").exists():
+        t = pd.read_csv(out / "tests.csv")
+        ran = t[t["outcome"] != "skipped"]
+        bad = ran[ran["outcome"] == "failed"].groupby(["test", "hog"]).size().unstack(fill_value=0)
+        quiet, hogged = (t[t["hog"] == h]["run"].nunique() for h in (False, True))
+        parts.append(f"{quiet} quiet runs + {hogged} beside a CPU hog, x {t['file'].nunique()} files: {len(ran)} "
+                     f"test runs, {int((ran['outcome'] == 'failed').sum())} failures")
+        if not bad.empty:
+            parts.append(bad.rename(columns={False: "quiet", True: "hog"}).to_string())
+    if (out / "exit.csv").exists():
+        e = pd.read_csv(out / "exit.csv")
+        table = e.groupby(["impl", "ending"]).agg(runs=("run", "size"), aborted=("aborted", "sum"),
+                                                  failed=("returncode", lambda r: int((r != 0).sum())),
+                                                  threads_left=("ranks_with_threads_left", lambda n: int((n > 0).sum())))
+        parts.append("exit script (runs with a rank aborted / any failure / a rank's Gloo threads alive at exit):\n"
+                     + table.to_string())
+    return "\n\n".join(parts) or f"nothing stored under {out}"
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="make stress", description=__doc__.split("\n\n")[0])
+    parser.add_argument("--runs", type=int, default=10, help="runs of every launching test file (default 10)")
+    parser.add_argument("--exit_runs", type=int, default=30, help="runs of the exit script per DDP and ending "
+                        "(default 30)")
+    parser.add_argument("--files", default="", help="comma-separated test files (default: every launching one)")
+    parser.add_argument("--out", default=str(ROOT / "results" / "stress"), help="where the CSVs go "
+                        "(default results/stress)")
+    parser.add_argument("--summary", action="store_true", help="only print the tables of what --out holds")
+    args = parser.parse_args(argv)
+    if args.runs < 0 or args.exit_runs < 0:
+        parser.error("--runs and --exit_runs must be at least 0")
+    out = Path(args.out)
+    if not args.summary:
+        files = [Path(f).resolve() for f in args.files.split(",") if f] or launching_files()
+        missing = [str(f) for f in files if not f.is_file()]
+        if missing:
+            parser.error(f"no such test file: {', '.join(missing)}")
+        out.mkdir(parents=True, exist_ok=True)
+        for run in range(args.runs):
+            hog = run % 2 == 1
+            for i, path in enumerate(files, 1):
+                name = str(path.relative_to(ROOT))
+                print(f"[stress] run {run + 1}/{args.runs}{' beside a CPU hog' if hog else ''}: file {i}/"
+                      f"{len(files)} {name}", file=sys.stderr, flush=True)
+                with cpu_hog(hog):
+                    outcomes = run_file(path)
+                for test, outcome in outcomes:
+                    _append(out / "tests.csv", dict(run=run, hog=hog, file=name, test=test, outcome=outcome))
+        for run in range(args.exit_runs):
+            hog = run % 2 == 1
+            print(f"[stress] exit script, round {run + 1}/{args.exit_runs}", file=sys.stderr, flush=True)
+            for impl in ("ours", "torch"):
+                for ending in ENDINGS:
+                    with cpu_hog(hog):
+                        result = run_exit_script(impl, ending)
+                    _append(out / "exit.csv", dict(run=run, hog=hog, impl=impl, ending=ending, **result))
+    print(summary(out))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
