@@ -23,7 +23,7 @@ import pandas as pd
 import experiments.figures
 from experiments import common, plotting, verdicts
 from harness import load_results
-from harness.results import REFERENCE, results_root
+from harness.results import REFERENCE, REPO_ROOT, results_root
 
 CONFIG_FILE = "driver_config.json"  # the driver settings of the last run, so `plots` redraws the same figure
 
@@ -43,13 +43,31 @@ def drivers() -> dict:
     return figures | {name: importlib.import_module(f"experiments.{name}") for name in BEYOND_THE_PAPER}
 
 
-def stored_or_reference(root=None) -> Path:
-    """The results folder to read: ``root`` or ``$DDP_REPRO_RESULTS`` where given; else ``results/``, unless it holds
-    no stored point yet (a fresh clone), then the committed reference run ``results/reference/``."""
+# What a figure reads, under a results folder: a driver's (or variant's) points, else the tools' own files.
+_STORED = {"tune": "tune/calibrations/*.json", "simval": "simval/validation.csv"}
+
+
+def root_for(name: str, root=None, announce: bool = True) -> Path:
+    """The results folder figure ``name`` reads: ``root`` or ``$DDP_REPRO_RESULTS`` where given; else ``results/``
+    where it holds results of this figure, and the committed reference run ``results/reference/`` where it holds
+    none (a fresh clone). ``announce``: say which, in one line."""
     if root or os.environ.get("DDP_REPRO_RESULTS"):
-        return results_root(root)
-    mine = results_root()
-    return mine if any(mine.glob("*/points/*.csv")) else REFERENCE
+        chosen, why = results_root(root), ""
+    else:
+        mine = results_root()
+        pattern = _STORED.get(name, f"{name}/points/*.csv")
+        chosen = mine if any(mine.glob(pattern)) else REFERENCE
+        why = " (the committed reference run: nothing of yours is stored for it)" if chosen == REFERENCE else ""
+    if announce:
+        print(f"[{name}] reading {_shown(chosen)}{why}")
+    return chosen
+
+
+def _shown(path: Path) -> str:
+    try:
+        return str(Path(path).resolve().relative_to(REPO_ROOT))
+    except ValueError:
+        return str(path)
 
 
 def save_config(driver, cfg, root=None) -> None:
@@ -75,6 +93,7 @@ def draw(driver, cfg=None, root=None, experiment: str | None = None, name: str |
     (default: ``FIGURE``), with ``cfg`` (default: the settings of its last run, or as the rows say when ``cfg``
     is a function of them); says so and returns None when nothing is stored."""
     name = name or driver.FIGURE
+    root = root_for(experiment or driver.FIGURE, root)
     df = load_results(experiment or driver.FIGURE, root)
     if df.empty:
         print(f"[{name}] no stored results yet; run `make {driver.FIGURE}` first")
@@ -108,18 +127,19 @@ def variants(driver, root=None) -> dict[str, Callable[[], Path | None]]:
     hold, ``<FIGURE>-hosts<H>``; any other folder one figure, ``<FIGURE>-<what>``. The settings: those of the
     driver's last run with the models, world sizes and bucket caps the rows hold (and ``hosts=H``)."""
     out: dict[str, Callable[[], Path | None]] = {}
+    told, root = root, root_for(f"{driver.FIGURE}_*", root, announce=False)
     for folder in sorted(results_root(root).glob(f"{driver.FIGURE}_*")):
         experiment, what = folder.name, folder.name[len(driver.FIGURE) + 1:]
         df = load_results(experiment, root) if (folder / "points").is_dir() else pd.DataFrame()
         if df.empty:
             continue
         if what != "hosts":
-            out[f"{driver.FIGURE}-{what}"] = partial(draw, driver, partial(_config_from_rows, driver, root), root,
+            out[f"{driver.FIGURE}-{what}"] = partial(draw, driver, partial(_config_from_rows, driver, root), told,
                                                      experiment, f"{driver.FIGURE}-{what}")
             continue
         for hosts in sorted({int(h) for h in _communicating(df).get("hosts", pd.Series(dtype=float)).fillna(1)}):
             out[f"{driver.FIGURE}-hosts{hosts}"] = partial(
-                draw, driver, partial(_config_from_rows, driver, root, hosts=hosts), root, experiment,
+                draw, driver, partial(_config_from_rows, driver, root, hosts=hosts), told, experiment,
                 f"{driver.FIGURE}-hosts{hosts}")
     return out
 
@@ -161,6 +181,7 @@ def draw_tune(root=None) -> Path | None:
     from simulator.tune import recommend
 
     cals = []
+    root = root_for("tune", root)
     for path in sorted((results_root(root) / tune.EXPERIMENT / "calibrations").glob("*.json")):
         try:
             cals.append(Calibration.load(path, stored_run=True))
@@ -189,6 +210,7 @@ def draw_simval(root=None) -> Path | None:
     """``simval.png`` from the stored ``simval/validation.csv`` (every point's median prediction and measurement)."""
     from experiments import simval
 
+    root = root_for("simval", root)
     path = results_root(root) / simval.EXPERIMENT / "validation.csv"
     if not path.exists():
         print("[simval] no stored results yet; run `make simval` first")
@@ -204,6 +226,7 @@ def draw_timeline(root=None) -> Path | None:
     """``timeline.png`` and its Chrome trace from the last traced point stored under ``timeline/``."""
     from experiments import timeline
 
+    root = root_for(timeline.NAME, root)
     df = common.ok_rows(load_results(timeline.NAME, root))
     if not df.empty and "trace_buckets" in df.columns:
         df = df[df["trace_buckets"].fillna(False).astype(bool)]
@@ -225,6 +248,7 @@ def draw_timeline(root=None) -> Path | None:
 
 def report(driver, root=None) -> str:
     """One markdown section: the paper's claim and setup, then the measured summary and where it ran."""
+    root = root_for(driver.FIGURE, root, announce=False)
     df = load_results(driver.FIGURE, root)
     cfg = stored_config(driver, root)
     title = (driver.__doc__ or driver.FIGURE).strip().splitlines()[0]
@@ -237,15 +261,21 @@ def report(driver, root=None) -> str:
 def draw_claims(root=None) -> Path | None:
     """``results/figures/claims.png``: every reproduced number (with its spread over repetitions) beside the
     paper's value where the paper gives one, one panel per unit; prints the same as a table."""
-    found, frames = [], []
+    found, frames, fallback = [], [], []
     for driver in drivers().values():
-        df = load_results(driver.FIGURE, root)
+        root_of = root_for(driver.FIGURE, root, announce=False)
+        df = load_results(driver.FIGURE, root_of)
+        if not df.empty and root_of != results_root(root):
+            fallback.append(driver.FIGURE)
         if hasattr(driver, "claims") and not df.empty:
-            found += driver.claims(df, stored_config(driver, root))
+            found += driver.claims(df, stored_config(driver, root_of))
             frames.append(df)
     if not found:
         print("[claims] no stored results yet; run a figure first (`make fig7`)")
         return None
+    print(f"[claims] reading {_shown(results_root(root))}"
+          + (f"; {', '.join(fallback)} from {_shown(REFERENCE)} (the committed reference run: nothing of yours is "
+             "stored for them)" if fallback else ""))
     units = sorted({c.unit for c in found})
     fig, axes = plotting.grid(units, [""], width=8.0, height=0.3 * max(len(found), 4))
     for ax, unit in zip(axes[:, 0], units):

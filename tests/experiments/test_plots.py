@@ -1,6 +1,6 @@
 """``python -m experiments plots`` redraws every figure whose results are stored (the drivers', their variants
 stored beside them, the tools' and claims), skips the rest with a note, writes where it is told, and writes the same
-bytes for the same results; the notebook reads the reference run while ``results/`` holds none of its own."""
+bytes for the same results; each figure reads ``results/`` where it holds that figure's results and the reference run where not."""
 import shutil
 from pathlib import Path
 
@@ -65,17 +65,25 @@ def test_plots_refuses_a_figure_it_does_not_know(stored, monkeypatch, capsys):
     assert "unknown figure 'fig7-host2'" in err and "did you mean fig7-hosts2?" in err, err
 
 
-def test_the_notebook_reads_the_reference_while_results_holds_none_of_its_own(tmp_path, monkeypatch):
+def test_each_figure_reads_your_results_where_you_have_some_and_the_reference_where_not(tmp_path, monkeypatch,
+                                                                                       capsys):
     monkeypatch.delenv("DDP_REPRO_RESULTS", raising=False)
     monkeypatch.setattr(results, "REPO_ROOT", tmp_path)
-    monkeypatch.setattr(registry, "REFERENCE", tmp_path / "results" / "reference")
-    (tmp_path / "results" / "reference" / "fig7" / "points").mkdir(parents=True)
-    (tmp_path / "results" / "reference" / "fig7" / "points" / "a.csv").write_text("")
-    assert registry.stored_or_reference() == tmp_path / "results" / "reference"  # a fresh clone
+    monkeypatch.setattr(registry, "REPO_ROOT", tmp_path)
+    reference = tmp_path / "results" / "reference"
+    monkeypatch.setattr(registry, "REFERENCE", reference)
+    for figure in ("fig7", "fig8"):
+        (reference / figure / "points").mkdir(parents=True)
+        (reference / figure / "points" / "a.csv").write_text("")
+    assert registry.root_for("fig7") == registry.root_for("fig8") == reference  # a fresh clone
+    said = capsys.readouterr().out
+    assert "[fig7] reading results/reference (the committed reference run" in said, said
     (tmp_path / "results" / "fig7" / "points").mkdir(parents=True)
     (tmp_path / "results" / "fig7" / "points" / "b.csv").write_text("")
-    assert registry.stored_or_reference() == tmp_path / "results"  # your own runs
+    assert registry.root_for("fig7") == tmp_path / "results"  # your own run of fig7
+    assert registry.root_for("fig8") == reference  # and still the reference where you have none
+    assert capsys.readouterr().out.splitlines()[0] == "[fig7] reading results"
     monkeypatch.setenv("DDP_REPRO_RESULTS", str(tmp_path / "elsewhere"))
-    assert registry.stored_or_reference() == tmp_path / "elsewhere"  # as told
+    assert registry.root_for("fig8") == tmp_path / "elsewhere"  # as told
     notebook = (Path(__file__).resolve().parents[2] / "notebooks" / "figures.ipynb").read_text()
-    assert "ROOT = stored_or_reference()" in notebook and "results/reference/" in notebook
+    assert "root_for(" in notebook and "stored_or_reference" not in notebook
