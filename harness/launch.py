@@ -317,7 +317,7 @@ class RankPool:
                 now = time.monotonic()
                 for r, p in enumerate(self._procs):
                     if r not in outputs and r not in errors and r not in died and p.exitcode is not None:
-                        # reported already, or dead a while with nothing in flight; at once after a failure
+                        # dead without a report: at once after a failure, else once its result cannot be in flight
                         if failed_at is not None or now - dead_since.setdefault(r, now) > _DEAD_GRACE_S:
                             died[r] = p.exitcode
                 if failed_at is not None:
