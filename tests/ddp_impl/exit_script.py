@@ -32,7 +32,8 @@ def _report_left() -> None:
         print(LEFT_MARK, left, file=sys.stderr, flush=True)
 
 
-atexit.register(_report_left)  # first registered, last run: after ddp_impl's own exit handler
+if __name__ in ("__main__", "__mp_main__"):  # the script and its spawned ranks, not a test importing its names
+    atexit.register(_report_left)  # first registered, last run: after ddp_impl's own exit handler
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", ".."))
 import torch  # noqa: E402
