@@ -50,23 +50,24 @@ MEMORY_VARIANTS = (("local", False), ("ours", False), ("ours", True), ("torch", 
 class BenchConfig:
     """Our DDP vs torch's DDP: per-iteration latency, ideal bound, instrumentation overhead, peak memory."""
 
-    models: tuple[str, ...] = ("resnet50", "bert-base", "tiny-layers")  # tiny-layers: host cost, see models
-    bucket_caps_mb: tuple[float, ...] = (1.0, 5.0, 25.0, 100.0)  # one point per (model, bucket_cap_mb)
+    # the models (harness.models); tiny-layers, many tiny gradients, measures DDP's host cost
+    models: tuple[str, ...] = ("resnet50", "bert-base", "tiny-layers")
+    bucket_caps_mb: tuple[float, ...] = (1.0, 5.0, 25.0, 100.0)  # DDP bucket caps (MiB), a point per model each
     iters: int = 20  # measured rounds (one iteration of every variant each)
     warmup: int = 3  # rounds before measuring; >= 2 so both DDPs have rebuilt their buckets
-    world_size: int = 0  # 0: torchrun's, else every visible GPU with NCCL (one is enough), else 2
+    world_size: int = 0  # ranks; 0: torchrun's, else every visible GPU with NCCL (one is enough), else 2
     backend: str = "auto"  # gloo | nccl | auto (nccl with a GPU)
     profile: str = "auto"  # cpu | paper | auto (paper with a GPU); input sizes, see harness.models
     latency: bool = True  # the interleaved latency points
     memory: bool = True  # peak memory (separate jobs)
-    memory_cap_mb: float = 25.0
-    memory_iters: int = 3
-    threads_per_rank: int = 0  # 0 = cores // ranks
-    lr: float = 0.0  # SGD still does its full update, but every model keeps the same weights: same work each round
-    seed: int = 0
-    out: str = ""  # default <results>/bench
-    timeout_s: float = 600.0
-    malloc: str = "default"  # default | retain: glibc keeps freed memory (no page faults from reuse), BENCHMARKS.md
+    memory_cap_mb: float = 25.0  # the memory jobs' bucket cap (MiB)
+    memory_iters: int = 3  # steady-state iterations of each memory job, after the 2 that build the buckets
+    threads_per_rank: int = 0  # torch's threads per rank; 0 = cores // ranks
+    lr: float = 0.0  # SGD's learning rate; at 0 SGD still does its full update but the weights stay: same work
+    seed: int = 0  # the models' initial weights, the inputs and each round's order of variants
+    out: str = ""  # output folder; "" = <results>/bench
+    timeout_s: float = 600.0  # process group timeout of each job, seconds
+    malloc: str = "default"  # glibc's allocator in the ranks: default | retain (freed memory kept), BENCHMARKS.md
 
 
 def validate_bench(cfg: BenchConfig) -> BenchConfig:

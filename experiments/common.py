@@ -29,11 +29,12 @@ from harness.config import DEFAULT_NET
 class Timed:
     """Settings every timed figure shares; every field is a --key=value override."""
 
-    backends: tuple[str, ...] = ("gloo", "nccl")
+    backends: tuple[str, ...] = ("gloo", "nccl")  # gloo | nccl | mpi; those this machine cannot run are left out
     profile: str = "auto"  # paper | cpu | auto (cpu without a GPU): input sizes, see harness.models
     iters: int = 10  # measured iterations per point, repetition and rank
-    warmup: int = 2
-    net: str = DEFAULT_NET  # emulated link per rank on CPU-only machines (harness/README.md); loopback = none
+    warmup: int = 2  # iterations run before measuring, per point and repetition, never stored
+    # the link emulated per rank on CPU-only machines: RATE (e.g. 1gbit) | auto | loopback = none (harness/README.md)
+    net: str = DEFAULT_NET
     hosts: int = 1  # emulated hosts (the paper's servers): ranks split evenly, net = each host's link
     repeats: int = 3  # each point measured this many times, in passes over the whole sweep (harness.sweep)
     order_seed: int = 0  # seeds the shuffled order of each pass
@@ -43,6 +44,7 @@ class Timed:
 class ModelSweep(Timed):
     """A timed figure of training iterations, one panel per (model, backend)."""
 
+    # the models, a panel each: small | resnet50 | resnet101 | bert-base | bert-large | tiny-layers (harness.models)
     models: tuple[str, ...] = ("resnet50", "bert-base")
 
     def train_points(self, world_size: int, **fields) -> list[TrainConfig]:

@@ -44,13 +44,13 @@ class GpuCheckConfig:
     """Every field is a --key=value override."""
 
     device: str = "cuda"  # cuda | cpu (the same steps on Gloo CPU ranks)
-    models: tuple[str, ...] = ("resnet50", "bert-base", "tiny-layers")
-    bucket_caps_mb: tuple[float, ...] = (1.0, 25.0)
-    bench_iters: int = 20
-    fig7_iters: int = 5
-    steps: tuple[str, ...] = STEPS  # a subset reruns part of the check
-    out: str = ""  # default <results>/gpu-check
-    timeout_s: float = 300.0
+    models: tuple[str, ...] = ("resnet50", "bert-base", "tiny-layers")  # the models of bench, fig7 and predict
+    bucket_caps_mb: tuple[float, ...] = (1.0, 25.0)  # DDP bucket caps (MiB) of bench, fig7 and predict
+    bench_iters: int = 20  # the bench's measured rounds
+    fig7_iters: int = 5  # fig7's measured iterations per point
+    steps: tuple[str, ...] = STEPS  # parity | bench | fig7 | predict: a subset reruns part of the check
+    out: str = ""  # output folder; "" = <results>/gpu-check
+    timeout_s: float = 300.0  # process group timeout, seconds; a step's command may run 4x that
 
 
 def plan(cfg: GpuCheckConfig) -> dict:

@@ -47,19 +47,20 @@ PHASES = ("forward", "backward", "optimizer")
 class Config:
     """Every field is a --key=value override."""
 
-    model: str = "tiny-layers"  # 800 gradients of 16 or 256 elements: DDP's host work is most of what it adds
-    world_sizes: tuple[int, ...] = (1, 2)  # 1: DDP's host work alone; 2: with the link, on shared cores
-    net: str = "loopback"
+    # tiny-layers: 800 gradients of 16 or 256 elements, so DDP's host work is most of what it adds
+    model: str = "tiny-layers"  # small | resnet50 | resnet101 | bert-base | bert-large | tiny-layers (harness.models)
+    world_sizes: tuple[int, ...] = (1, 2)  # ranks: 1, DDP's host work alone; 2, with the link, on shared cores
+    net: str = "loopback"  # the link per rank: loopback | RATE (e.g. 1gbit) | auto (harness/README.md)
     # one intra-op thread a rank, as fig7's 2 ranks on 2 cores have: a rank alone would get 2, and OpenMP's spinning
     # worker then delays Gloo's thread (one rank, one bucket: its call took 2.8 ms, 0.75 with OMP_WAIT_POLICY=PASSIVE)
-    threads_per_rank: int = 1
-    caps_mb: tuple[float, ...] = (0.005, 0.05, 1.0)  # tiny-layers: 80, 9 and 1 buckets
+    threads_per_rank: int = 1  # torch's threads per rank; 0 = cores // ranks
+    caps_mb: tuple[float, ...] = (0.005, 0.05, 1.0)  # DDP bucket caps (MiB); tiny-layers: 80, 9 and 1 buckets
     rounds: int = 60  # measured rounds of the interleaved job (one iteration of each variant each)
-    warmup: int = 3
+    warmup: int = 3  # rounds (and probe iterations) before measuring; >= 2, as DDP rebuilds its buckets
     # probe + job, each repeat's prediction against its own measurement: single repeats spread -29% to +26% (the
     # probe's per-call latency and per-gradient cost move between probes), runs of 5 repeats -9% to +10%
-    repeats: int = 8
-    probe_iters: int = 30
+    repeats: int = 8  # probe and interleaved job, each repeat's prediction against its own measurement
+    probe_iters: int = 30  # the probe's measured iterations
 
 
 def check(cfg: Config) -> list[TrainConfig]:

@@ -122,16 +122,16 @@ def draw_overlap(ax, cluster: str, models, gpus: int, bucket_cap_mb: float, colo
 
 
 def caption(cluster) -> str:
-    """The figure's caption sentence for its simulated panel ('' without a cluster)."""
+    """The figure's caption sentence for its simulated panel ('' without a cluster). At length: the shaded panels are
+    simulated, not measured, on the named cluster (its description and device in ``simulator.clusters``), at
+    paper-profile batches, with compute from published single-GPU measurements and nothing fitted to the paper;
+    bands and whiskers span each assumption's stated range; numbers and sources in simulator/cluster_data.py,
+    checks in REPRODUCTION.md."""
     from simulator.clusters import cluster as named
 
     if not cluster:
         return ""
-    c = named(cluster)
-    return (f". Shaded panels are simulated, not measured: {c.name} ({c.description}; {c.device.name}), "
-            "paper-profile batches, compute from published single-GPU measurements, nothing fitted to the paper; "
-            "bands and whiskers span each assumption's stated range; numbers and sources in simulator/cluster_data.py, "
-            "checks in REPRODUCTION.md")
+    return f". Shaded panels: simulated on {named(cluster).name} (simulator/cluster_data.py)"
 
 
 CAPS = (0, 1, 5, 10, 25, 50, 100, 1000)
@@ -200,8 +200,10 @@ def main(argv=None) -> int:
 
     def body() -> int:
         parser = OneLineParser(prog="python -m experiments.paper_scale", description=__doc__.split("\n\n")[0])
-        parser.add_argument("--cluster", default=DEFAULT_CLUSTER)
-        parser.add_argument("--bandwidth", type=float, default=1.0, help="every link's bandwidth times this")
+        parser.add_argument("--cluster", default=DEFAULT_CLUSTER, help="the named GPU cluster simulated "
+                            f"(simulator/cluster_data.py) (default: {DEFAULT_CLUSTER})")
+        parser.add_argument("--bandwidth", type=float, default=1.0,
+                            help="every link's bandwidth times this (default: 1.0)")
         ns = parser.parse_args(argv)
         with refusing():
             from simulator.clusters import cluster

@@ -5,9 +5,9 @@
     python -m experiments predict --calibration=results/calibration/....json --bucket_cap_mb=5
     python -m experiments predict --cluster=paper-v100 --world_size=256 --backend=nccl --model=bert-base
 
-Any point option of the figure drivers (``TrainConfig``) is accepted, but for DDP implementations other than ours
-and torch's and the options the simulation does not model (``UNMODELLED``: refused rather than ignored). Without
-``--calibration`` a probe
+The point options are those of the figure drivers (``TrainConfig``) that a prediction reads (``PREDICTED``, what
+``--help`` lists); another implementation than ours or torch's DDP, and any other option set away from its default,
+are refused rather than ignored. Without ``--calibration`` a probe
 (:mod:`simulator.calibrate`) measures this machine now, on the point's own ranks and network, and is stored under
 ``results/calibration/``; the prediction names the calibration it used. The link's cost per byte comes from
 ``make fig2``'s allreduce microbenchmark: its stored calls where they ran on this very link (same backend, ranks,
@@ -44,8 +44,10 @@ PROBE_ITERS = {"cpu": (3, 1), "cuda": (20, 5)}
 CALIBRATION_DIR = "calibration"
 REFRESH_HOURS = 24.0  # a stored full probe younger than this is refreshed (compute only) instead of redone
 DDP_IMPLS = ("ours", "torch")
-# point options the simulation does not model: refused at any value but their default, rather than ignored
-UNMODELLED = ("comm_hook", "gradient_as_bucket_view", "optimizer", "checkpointing", "memory", "replicas", "fault")
+# the point options a prediction reads: what its calibration is probed with and the scenario it simulates. The
+# others are left out of --help and refused at any value but their default, rather than ignored
+PREDICTED = ("model", "impl", "profile", "backend", "world_size", "batch_size", "bucket_cap_mb", "overlap",
+             "sync_every", "round_robin_groups", "threads_per_rank", "net", "hosts", "malloc")
 # what a stored calibration must share with the point it predicts (malloc: glibc's default before the field)
 CALIBRATION_KEYS = ("model", "profile", "batch_size", "world_size", "backend", "net", "hosts", "threads_per_rank",
                     "malloc")
@@ -68,11 +70,10 @@ def modelled(cfg: TrainConfig) -> TrainConfig:
     """``cfg`` if the simulation models every option it sets; else a ValueError naming the first it would ignore."""
     if cfg.impl not in DDP_IMPLS:
         raise ValueError(f"impl={cfg.impl!r}: predict models DDP's buckets ({' or '.join(DDP_IMPLS)}), not this system")
-    plain = TrainConfig()
-    for name in UNMODELLED:
-        if getattr(cfg, name) != getattr(plain, name):
-            raise ValueError(f"{name}={getattr(cfg, name)!r}: predict does not model it (its probe trains with "
-                             f"{name}={getattr(plain, name)!r}); leave it out")
+    for f in dataclasses.fields(cfg):
+        if f.name not in PREDICTED and getattr(cfg, f.name) != f.default:
+            raise ValueError(f"{f.name}={getattr(cfg, f.name)!r}: predict does not model it (it reads only the "
+                             f"options --help lists); leave it out")
     return cfg
 
 
@@ -154,13 +155,14 @@ def main(argv: list[str] | None = None) -> int:
 
 def _main(argv: list[str] | None) -> int:
     parser = OneLineParser(prog="python -m experiments predict", description=__doc__.split("\n\n")[0])
-    add_dataclass_arguments(parser, TrainConfig, defaults=dict(model="resnet50"))
+    add_dataclass_arguments(parser, TrainConfig, defaults=dict(model="resnet50"),
+                            hidden=[f.name for f in dataclasses.fields(TrainConfig) if f.name not in PREDICTED])
     parser.add_argument("--calibration", default="", help="a stored calibration file (default: probe now)")
     parser.add_argument("--probe", choices=("auto", "full"), default=None,
                         help=f"auto (default): re-time only the compute of this point's stored probe if younger than "
                              f"{REFRESH_HOURS:g} h, else probe in full; full: always probe in full")
     parser.add_argument("--cluster", default="", help="a named GPU cluster (simulator/clusters.py) instead of this "
-                        "machine, e.g. paper-v100")
+                        "machine, e.g. paper-v100 (default: this machine)")
     parser.add_argument("--json", action="store_true", help="print one JSON object (predicted_ms, breakdown)")
     ns = parser.parse_args(argv)
     with refusing():

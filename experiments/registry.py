@@ -258,6 +258,14 @@ def report(driver, root=None) -> str:
             + "\n".join(f"      {line}" for line in measured.splitlines()) + "\n")
 
 
+def _claim_axis(claim: verdicts.Claim) -> str:
+    """The x axis label of the claims chart's panel for ``claim``: efficiencies (100 = ideal) apart from speedups and
+    savings (0 = none), and both apart from ratios."""
+    if claim.unit != "%":
+        return "ratio (x)"
+    return "weak-scaling efficiency (%; 100 = ideal)" if "efficiency" in claim.what else "speedup or saving (%)"
+
+
 def draw_claims(root=None) -> Path | None:
     """``results/figures/claims.png``: every reproduced number (with its spread over repetitions) beside the
     paper's value where the paper gives one, one panel per unit; prints the same as a table."""
@@ -276,10 +284,11 @@ def draw_claims(root=None) -> Path | None:
     print(f"[claims] reading {_shown(results_root(root))}"
           + (f"; {', '.join(fallback)} from {_shown(REFERENCE)} (the committed reference run: nothing of yours is "
              "stored for them)" if fallback else ""))
-    units = sorted({c.unit for c in found})
-    fig, axes = plotting.grid(units, [""], width=8.0, height=0.3 * max(len(found), 4))
-    for ax, unit in zip(axes[:, 0], units):
-        rows = [c for c in found if c.unit == unit]
+    panels = {}  # x axis label -> its claims: one axis per kind of number, so each axis means one thing
+    for c in found:
+        panels.setdefault(_claim_axis(c), []).append(c)
+    fig, axes = plotting.grid(list(panels), [""], width=8.0, height=[0.3 * len(rows) + 0.9 for rows in panels.values()])
+    for ax, (xlabel, rows) in zip(axes[:, 0], panels.items()):
         ys = range(len(rows))
         m = [c.measured for c in rows]
         ax.errorbar([x.center for x in m], ys, xerr=[[x.center - x.lo for x in m], [x.hi - x.center for x in m]],
@@ -288,12 +297,12 @@ def draw_claims(root=None) -> Path | None:
         if paper:
             ax.plot(*zip(*paper), "D", color="C3", label="paper")
         ax.set_yticks(list(ys), [f"{c.figure}: {c.what}" for c in rows], fontsize=7)
-        ax.invert_yaxis()
-        ax.set_xlabel("speedup or saving (%)" if unit == "%" else "ratio (x)")
+        ax.set_ylim(len(rows) - 0.5, -0.5)  # the first claim on top
+        ax.set_xlabel(xlabel)
         ax.grid(axis="x", alpha=0.3)
         ax.legend(fontsize=7)
-    rows = pd.DataFrame([dict(figure=c.figure, what=c.what, paper=c.paper, measured=c.measured.fmt(c.unit, 2))
-                         for c in found])
+    rows = pd.DataFrame([dict(figure=c.figure, what=c.what, paper="-" if c.paper is None else f"{c.paper:g}{c.unit}",
+                              measured=c.measured.fmt(c.unit, 2)) for c in found])
     print(rows.to_string(index=False))
     plotting.finish(fig, "Measured here vs the paper", "red diamonds (claims of a shape only have none)",
                   pd.concat(frames, ignore_index=True))

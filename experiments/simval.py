@@ -40,29 +40,29 @@ EXPERIMENT = "simval"
 class Config:
     """The validation grid; every field is a --key=value override."""
 
-    models: tuple[str, ...] = ("resnet50", "bert-base")
-    nets: tuple[str, ...] = ("1gbit", "2gbit", "4gbit")  # the caps/overlap/n/k grid at each rate, world size 2
-    world_sizes: tuple[int, ...] = (3, 4)  # and caps at these world sizes, at `scale_net`
-    scale_net: str = "2gbit"
-    bucket_caps_mb: tuple[float, ...] = (0, 1, 5, 25, 100, 1000)
-    scale_caps_mb: tuple[float, ...] = (0, 5, 25, 1000)
-    sync_every: tuple[int, ...] = (2, 4, 8)
-    round_robin_groups: tuple[int, ...] = (2, 3, 5)
+    models: tuple[str, ...] = ("resnet50", "bert-base")  # the models probed and measured (harness.models)
+    nets: tuple[str, ...] = ("1gbit", "2gbit", "4gbit")  # link rates per rank: the caps/overlap/n/k grid at 2 ranks
+    world_sizes: tuple[int, ...] = (3, 4)  # ranks at which scale_caps_mb are measured too, at scale_net
+    scale_net: str = "2gbit"  # the link per rank at world_sizes
+    bucket_caps_mb: tuple[float, ...] = (0, 1, 5, 25, 100, 1000)  # caps (MiB) at world size 2, at each of nets
+    scale_caps_mb: tuple[float, ...] = (0, 5, 25, 1000)  # caps (MiB) at world_sizes
+    sync_every: tuple[int, ...] = (2, 4, 8)  # n of the no_sync points (synchronize 1 of every n iterations)
+    round_robin_groups: tuple[int, ...] = (2, 3, 5)  # k of the round-robin points (at 5 MiB)
     iters: int = 4  # measured iterations per point (and the probe's compute iterations)
-    warmup: int = 1
+    warmup: int = 1  # iterations run before measuring, per point and probe
     no_sync_cycles: int = 3  # a no_sync point measures this many cycles of n iterations, after two
     # the whole grid again, each round with probes of its own (the host drifts within minutes); a point's median
     # over three rounds is not moved by one round's slow spell, as the mean of two was (1 and 5 MiB +25% in one)
-    rounds: int = 3
+    rounds: int = 3  # passes over the whole grid, each with probes of its own
     # glibc's allocator in the ranks, probes and points alike (harness.allocator.MALLOC_ENV): with its defaults, how
     # many pages a backward faults in depends on the heap's history (BERT-base: 0 to 130k, backward 410-650 ms),
     # which differs between a probe's process and the points'; "retain" keeps freed memory, as CUDA's allocator does
-    malloc: str = "retain"
+    malloc: str = "retain"  # glibc's allocator in probes and points: default | retain (freed memory kept)
     # the tuning check (:func:`confirm`): where the recommended cap is not the best measured one, both are measured
     # again in one rank task, an iteration of each in turn, this many times (0: the grid's ratio alone); ten, as
     # five read ResNet50 at 2 Gbit/s 1.024 [1.012, 1.067] one morning and 1.000 [0.997, 1.011] 2.5 h later
-    confirm_repeats: int = 10
-    confirm_iters: int = 8
+    confirm_repeats: int = 10  # tuning check: repetitions of the recommended and best caps side by side (0: none)
+    confirm_iters: int = 8  # tuning check: measured iterations per repetition
 
 
 TUNING_GOAL = 0.02  # the recommended cap's latency within 2% of the best measured cap's
@@ -240,22 +240,42 @@ def confirm(cfg: Config, table: pd.DataFrame, root=None) -> pd.DataFrame:
 
 def plot(out: pd.DataFrame, root=None):
     import matplotlib.pyplot as plt
+    from matplotlib.ticker import FuncFormatter, LogLocator, NullFormatter
 
-    fig, axes = plt.subplots(1, out["model"].nunique(), figsize=(5 * out["model"].nunique(), 4.6), squeeze=False)
+    fig, axes = plt.subplots(1, out["model"].nunique(), figsize=(5.5 * out["model"].nunique(), 6.0), squeeze=False)
+    markers = dict(zip(sorted(out["world_size"].unique()), "os^Dv<>"))  # world size: shape; link: color
+    colors = {net: f"C{i}" for i, net in enumerate(sorted(out["net"].unique()))}
     for ax, (model, sel) in zip(axes[0], out.groupby("model")):
+        upper, lower = plotting.split_panel(ax, height_ratios=(3, 1.6))
+        both = sel[["measured_ms", "predicted_ms"]]
+        lo, hi = both.min().min() * 0.9, both.max().max() * 1.1
+        # the band and the diagonal under the points, the points open so that those on top of each other show
+        upper.fill_between([lo, hi], [lo * 0.95, hi * 0.95], [lo * 1.05, hi * 1.05], color="0.88", lw=0, zorder=1,
+                           label="within 5 %")
+        upper.plot([lo, hi], [lo, hi], "k--", lw=0.8, zorder=2, label="exact")
+        lower.axhspan(-5, 5, color="0.88", lw=0, zorder=1)
+        lower.axhline(0, color="k", ls="--", lw=0.8, zorder=2)
         for (ws, net), part in sel.groupby(["world_size", "net"]):
-            ax.scatter(part["measured_ms"], part["predicted_ms"], s=18, label=f"n={ws}, {net}")
-        lo, hi = sel[["measured_ms", "predicted_ms"]].min().min(), sel[["measured_ms", "predicted_ms"]].max().max()
-        ax.plot([lo, hi], [lo, hi], "k--", lw=0.8, label="exact")
-        ax.fill_between([lo, hi], [lo * 0.95, hi * 0.95], [lo * 1.05, hi * 1.05], color="0.85", label="+-5 %")
+            style = dict(marker=markers[ws], s=20, facecolors="none", edgecolors=colors[net], linewidths=1, alpha=0.85,
+                         zorder=3)
+            upper.scatter(part["measured_ms"], part["predicted_ms"], label=f"{ws} ranks, {net}", **style)
+            lower.scatter(part["measured_ms"], part["error_pct"], **style)
+        upper.set(xscale="log", yscale="log", xlim=(lo, hi), ylim=(lo, hi), ylabel="predicted ms / iteration")
+        lower.set(xlabel="measured ms / iteration", ylabel="error (%)")
+        for axis in (upper.xaxis, upper.yaxis, lower.xaxis):  # plain milliseconds at 1, 2, 3, 5 x 10^k
+            axis.set_major_locator(LogLocator(subs=(1, 2, 3, 5)))
+            axis.set_major_formatter(FuncFormatter(lambda v, _: f"{v:g}"))
+            axis.set_minor_formatter(NullFormatter())
+        for a in (upper, lower):
+            a.grid(alpha=0.3)
         err = sel["error_pct"].abs()
-        ax.set(title=f"{model}: median |error| {err.median():.1f} %, worst {err.max():.1f} %",
-               xlabel="measured ms / iteration", ylabel="predicted ms / iteration")
-        ax.legend(fontsize=7)
+        upper.set_title(f"{model}: median |error| {err.median():.1f} %, worst {err.max():.1f} % ({len(sel)} points)",
+                        fontsize=10)
+        upper.legend(fontsize=7, loc="upper left")
     plotting.finish(fig, "Simulator: predicted vs measured per-iteration latency (ours, Gloo, emulated links)", "",
-                  load_results(EXPERIMENT, root),
-                  note=". Each dot: one point (cap, overlap, no_sync n or round-robin k), measured right after the "
-                       "calibration probe of its model, world size and link")
+                    load_results(EXPERIMENT, root),
+                    note=". Each marker: one point (cap, overlap, no_sync n or round-robin k), measured right after "
+                         "the calibration probe of its model, world size and link; below, its error")
     return plotting.save(fig, EXPERIMENT, root)
 
 

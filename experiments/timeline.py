@@ -32,14 +32,14 @@ NAME = "timeline"
 class Config:
     """One traced point; every field is a --key=value override."""
 
-    model: str = "resnet50"
-    bucket_cap_mb: float = 25.0
-    world_size: int = 2
-    backend: str = "auto"
-    profile: str = "auto"
-    iters: int = 5
-    warmup: int = 2
-    net: str = DEFAULT_NET
+    model: str = "resnet50"  # small | resnet50 | resnet101 | bert-base | bert-large | tiny-layers (harness.models)
+    bucket_cap_mb: float = 25.0  # our DDP's bucket cap (MiB)
+    world_size: int = 2  # ranks
+    backend: str = "auto"  # gloo | nccl | mpi | auto (nccl where CUDA is)
+    profile: str = "auto"  # input sizes: paper | cpu | auto (cpu without a GPU)
+    iters: int = 5  # measured iterations; the one with rank 0's median latency is drawn
+    warmup: int = 2  # iterations run before measuring, never stored
+    net: str = DEFAULT_NET  # the link per rank: RATE (e.g. 1gbit) | auto | loopback (harness/README.md)
 
 
 def point(cfg: Config) -> TrainConfig:
@@ -91,12 +91,13 @@ def plot(rows: pd.DataFrame, cfg: Config):
             ax.barh(y, t["done_ms"][b] - t["launch_ms"][b], left=t["launch_ms"][b], color="#C44E52",
                     label="allreduce (launch to true completion)" if b == 0 else None)
             ax.plot([t["ready_ms"][b]], [y], "k|", ms=10, label="gradients ready" if b == 0 else None)
-        ax.axvline(t["backward_end_ms"], color="0.5", ls=":", lw=1)
+        ax.axvline(t["backward_end_ms"], color="0.5", ls=":", lw=1, label="end of backward")
         ax.set_yticks([n + 1, n, *range(n)], ["forward", "backward", *[f"bucket {n - 1 - y}" for y in range(n)]],
                       fontsize=7)
         ax.set_title(f"rank {row.rank}: iteration {row.iteration}, {row.total_ms:.0f} ms", fontsize=9)
         ax.set_xlabel("ms since forward start")
-        ax.legend(fontsize=7, loc="lower right")
+    # one legend for every rank, beside the first: inside, any corner covers the last buckets or the first
+    axes[0][0].legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1))
     title = (f"Per-bucket timeline of one iteration: {cfg.model}, {cfg.bucket_cap_mb:g} MiB buckets, "
              f"{cfg.world_size} ranks")
     return plotting.finish(fig, title, "Section 3.2 (overlap): buckets launch as they fill during backward, in order",

@@ -20,6 +20,7 @@ import sys
 from dataclasses import dataclass
 
 import numpy as np
+import pandas as pd
 
 from experiments import common, plotting, verdicts
 from harness import TrainConfig, parse_dataclass, run_sweep
@@ -36,15 +37,15 @@ DEFAULT_CAP_MB = 25.0  # torch's
 class Config:
     """Every field is a --key=value override."""
 
-    model: str = "resnet50"
-    world_size: int = 2
-    net: str = "auto"
-    grid_mb: tuple[float, ...] = (0, 0.5, 1, 2, 5, 10, 25, 50, 100, 200, 1000)
-    measure: bool = True
-    measure_mb: tuple[float, ...] = (0, 1, 5, 25, 100, 1000)
-    repeats: int = 3
-    iters: int = 4
-    warmup: int = 1
+    model: str = "resnet50"  # small | resnet50 | resnet101 | bert-base | bert-large | tiny-layers (harness.models)
+    world_size: int = 2  # ranks
+    net: str = "auto"  # the link per rank: RATE (e.g. 1gbit) | auto | loopback (harness/README.md)
+    grid_mb: tuple[float, ...] = (0, 0.5, 1, 2, 5, 10, 25, 50, 100, 200, 1000)  # caps (MiB) the simulator predicts
+    measure: bool = True  # also measure the recommendation, 25 MiB and measure_mb; false: the prediction only
+    measure_mb: tuple[float, ...] = (0, 1, 5, 25, 100, 1000)  # caps (MiB) measured beside the recommendation
+    repeats: int = 3  # interleaved repetitions of each measured cap
+    iters: int = 4  # measured iterations per point and repetition (and the probe's)
+    warmup: int = 1  # iterations run before measuring, per point and repetition
 
 
 def check(cfg: Config) -> TrainConfig:
@@ -128,7 +129,7 @@ def plot(out: dict, cfg: Config, root=None):
                     label="predicted, latency x0.5-2, contention x0.5-1.5")
     rec = out["recommended_mb"]
     ax.plot([max(rec, 0.1)], [out["predicted"][rec]], "*", ms=14, color="C0", label=f"recommended: {rec:g} MiB")
-    note = ". Predicted: the calibrated simulator (experiments/predict.py); measured: ours, interleaved repetitions"
+    note = ". Measured: ours, in interleaved repetitions"  # predicted: the legend says by what
     if measured:
         for cap, values in per.groupby(level=0):
             ax.plot([max(cap, 0.1)] * len(values), values.to_numpy(), "o", color="C1", ms=4, alpha=0.7)
@@ -143,13 +144,18 @@ def plot(out: dict, cfg: Config, root=None):
         lower.plot([max(rec, 0.1)], [ranking.ratios[rec].center], "*", ms=12, color="C0", zorder=3)
         lower.xaxis.set_minor_locator(NullLocator())
         lower.set_xlabel("bucket cap (MiB; 0 drawn at 0.1; star = recommended)")
-        note += plotting.PAIRED_NOTE + ": each measured cap's latency over the reference cap's. " + \
+        note += plotting.PAIRED_NOTE + " of each measured cap's latency over the reference's" + \
             plotting.ranking_note("cap")
     else:
+        ax.set_xticks(x, [f"{c:g}" for c in caps])  # the predicted caps, in MiB as the label says
+        ax.xaxis.set_minor_locator(NullLocator())
         ax.set_xlabel("bucket cap (MiB; 0 drawn at 0.1)")
+        note = (" (--measure=false, or no successful point): the calibrated simulator's prediction only "
+                "(experiments/predict.py)")
     ax.legend(fontsize=8)
-    plotting.finish(fig, f"Bucket cap tuning: {cfg.model}, {cfg.world_size} ranks, net={cfg.net}", "",
-                  load_results(EXPERIMENT, root), note=note)
+    rows = load_results(EXPERIMENT, root) if measured else pd.DataFrame()  # stored rows of another run say nothing
+    plotting.finish(fig, f"Bucket cap tuning: {cfg.model}, {cfg.world_size} ranks, net={cfg.net}", "", rows,
+                    note=note)
     return plotting.save(fig, EXPERIMENT, root)
 
 

@@ -42,12 +42,13 @@ class Config(common.ModelSweep):
     """Systems x world sizes; every field is a --key=value override."""
 
     models: tuple[str, ...] = ("resnet101", "bert-base")
+    # torch (DDP) | zero1 | fsdp | fsdp_keep | deepspeed1 | deepspeed2 | deepspeed3 | threads: harness/systems.py
     systems: tuple[str, ...] = ("torch", *ZERO_IMPLS, "threads")
-    world_sizes: tuple[int, ...] = (1, 2, 4)  # the systems at each size above 1; local (the control) at every one
+    world_sizes: tuple[int, ...] = (1, 2, 4)  # ranks: the systems at each above 1; local (the control) at every one
     backends: tuple[str, ...] = ("gloo",)
-    optimizer: str = "adam"
-    checkpointing: bool = False
-    bucket_cap_mb: float = 25  # DDP's and DeepSpeed's bucket cap
+    optimizer: str = "adam"  # sgd | adam: Adam's two moments per parameter are the state ZeRO shards
+    checkpointing: bool = False  # activation checkpointing per block, in every system
+    bucket_cap_mb: float = 25  # DDP's and DeepSpeed's bucket cap (MiB)
     iters: int = 5
     warmup: int = 1
     repeats: int = 2
@@ -135,8 +136,9 @@ def _medians_mib(ranks: pd.DataFrame, pairs: list[tuple[str, int]], column: str)
     return [ranks.loc[(ranks["impl"] == i) & (ranks["n"] == n), column].median() / MIB for i, n in pairs]
 
 
-def _system_ticks(ax, pairs: list[tuple[str, int]]) -> None:
-    ax.set_xticks(range(len(pairs)), [f"{i}\nN={n}" for i, n in pairs], fontsize=6, rotation=90)
+def _system_ticks(ax, pairs: list[tuple[str, int]], start: int = 0) -> None:
+    """One upright label per bar or box, on one line: two lines turned upright take twice the room between ticks."""
+    ax.set_xticks(range(start, start + len(pairs)), [f"{i} N={n}" for i, n in pairs], fontsize=6.5, rotation=90)
 
 
 def plot(df, cfg: Config):
@@ -154,14 +156,10 @@ def plot(df, cfg: Config):
         _memory(axes[r][1], sel, model, cfg)
         _timeline(axes[r][2], sel, model)
         _traffic(axes[r][3], sel, model)
-    note = (f". Optimizer {cfg.optimizer}{', activation checkpointing' if cfg.checkpointing else ''}. Runtime boxes: "
-            "every rank's measured iterations of all repetitions (whiskers 1.5 IQR, outliers as points); below them, "
-            "the statistic of the claim 'ZeRO-3 slower than DDP': each system's latency over torch DDP's at the "
-            "same N, per repetition (dots; the ratio of repetition medians) and their median with its 95% interval "
-            "(square and bar). Memory: "
-            "categories at the profiled peak of rank 0 (torch.profiler; harness/memory.py), x = the peak measured "
-            "without the profiler, o = ZeRO's model-state formula. Traffic: bytes rank 0's namespace sent per rank "
-            "in one iteration; x = theory (ring collectives)")
+    note = (f". Optimizer {cfg.optimizer}{', activation checkpointing' if cfg.checkpointing else ''}. Runtime: "
+            "all iterations pooled; below, each system's latency over torch DDP's at the same N, a dot per "
+            "repetition, their median and 95% interval (square). Memory: rank 0's categories at its profiled peak "
+            "(harness/memory.py). Traffic: bytes rank 0's namespace sent in one iteration")
     return plotting.finish(fig, "DDP vs ZeRO / FSDP / DeepSpeed: runtime, memory per rank, traffic",
                          f"{PAPER['setup']}; {PAPER['claim']}", ok, note)
 
@@ -185,8 +183,7 @@ def _runtime(ax, sel: pd.DataFrame, model: str) -> None:
     if drawn:
         plotting.paired_panel(lower, {pair: ratios[pair] for _, pair in drawn}, [x for x, _ in drawn])
     lower.set_ylabel("latency / torch\nDDP's, paired")
-    lower.set_xticks(range(1, len(pairs) + 1), [f"{i}\nN={n}" for i, n in pairs])
-    lower.tick_params(axis="x", labelsize=6, rotation=90)
+    _system_ticks(lower, pairs, start=1)
 
 
 def _vs_torch(sel: pd.DataFrame) -> dict:

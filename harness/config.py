@@ -19,8 +19,12 @@ import argparse
 import dataclasses
 import difflib
 import hashlib
+import inspect
+import io
 import json
 import math
+import textwrap
+import tokenize
 import typing
 from dataclasses import dataclass, field
 
@@ -51,55 +55,56 @@ def _field(default, check: str = "", choices: tuple = (), identity: bool = True,
 class TrainConfig:
     """One training-iteration measurement (paper Figures 6-12)."""
 
+    # the model trained: small | resnet50 | resnet101 | bert-base | bert-large | tiny-layers (harness.models)
     model: str = _field("small", choices=MODELS)
     impl: str = _field("ours", choices=IMPLS)  # ours | torch | local (no DDP) | zero1 | fsdp ...: harness.systems
-    profile: str = _field("auto", choices=("auto", *PROFILES))  # auto = cpu without a GPU; see harness.models
-    backend: str = _field("auto", choices=("auto", *BACKENDS))  # auto = nccl when CUDA is available
-    world_size: int = _field(2, "positive")
-    batch_size: int = _field(0, "non_negative")  # per rank; 0 = the profile's default
+    profile: str = _field("auto", choices=("auto", *PROFILES))  # input sizes: paper | cpu | auto (cpu without a GPU)
+    backend: str = _field("auto", choices=("auto", *BACKENDS))  # gloo | nccl | mpi | auto (nccl where CUDA is)
+    world_size: int = _field(2, "positive")  # ranks (processes), one model replica each
+    batch_size: int = _field(0, "non_negative")  # inputs per rank and iteration; 0 = the profile's default
     bucket_cap_mb: float = _field(25.0, "non_negative")  # DDP bucket cap (MiB); ignored by impl=local
     overlap: bool = True  # ours only: launch bucket allreduces during backward (torch always overlaps)
     sync_every: int = _field(1, "positive")  # n: synchronize on 1 of every n iterations (no_sync on the others)
     round_robin_groups: int = _field(1, "positive")  # ours only: k process groups used round-robin
-    comm_hook: str = _field("", choices=COMM_HOOKS)  # torch's hook by ddp_impl's short name; "" = default
-    gradient_as_bucket_view: bool = False
+    comm_hook: str = _field("", choices=COMM_HOOKS)  # torch's DDP comm hook: fp16 | bf16 | allreduce; "" = none
+    gradient_as_bucket_view: bool = False  # ours and torch: each .grad a view into its bucket (no copy back)
     iters: int = _field(20, "positive")  # measured iterations (rows per rank)
     warmup: int = _field(5, "non_negative")  # iterations run before measuring, never stored
-    seed: int = 0
+    seed: int = 0  # the model's initial weights and each rank's inputs
     repeat: int = _field(0, "non_negative", added=True)  # which repetition of the point (again, same seed)
     trace_buckets: bool = _field(False, added=True)  # ours only: per-bucket ready and true completion times
-    lr: float = 0.01
-    optimizer: str = _field("sgd", choices=tuple(OPTIMIZERS), added=True)  # torch's SGD or Adam, for every impl
+    lr: float = 0.01  # the optimizer's learning rate
+    optimizer: str = _field("sgd", choices=tuple(OPTIMIZERS), added=True)  # sgd | adam (torch's), for every impl
     checkpointing: bool = _field(False, added=True)  # activation checkpointing per block (harness.systems)
-    memory: bool = _field(False, added=True)  # + one iteration measuring peak memory, one profiling it by category
+    memory: bool = _field(False, added=True)  # also one iteration measuring peak memory, one profiling it by category
     replicas: int = _field(1, "positive", added=True)  # impl=threads: model replicas in the one process
-    threads_per_rank: int = _field(0, "non_negative")  # 0 = max(1, cores // ranks on this node)
+    threads_per_rank: int = _field(0, "non_negative")  # torch's threads per rank; 0 = max(1, cores // ranks here)
     net: str = DEFAULT_NET  # loopback | RATE per rank, e.g. 1gbit (emulated link) | auto; see harness.netem
     hosts: int = _field(1, "positive", added=True)  # emulated hosts: ranks split evenly, net = each host's link
-    # glibc's allocator in the ranks: default | retain (freed memory stays for reuse, as CUDA's caching allocator
-    # keeps it; no page faults from reusing it): harness.allocator.MALLOC_ENV
+    # glibc's allocator in the ranks: default | retain (freed memory kept for reuse, as CUDA's caching allocator does)
     malloc: str = _field("default", choices=tuple(MALLOC_ENV), added=True)
-    timeout_s: float = _field(300.0, "positive", identity=False)  # process group timeout
-    fault: str = ""  # fault injection for tests: "<kind>@<rank>", FAULT_KINDS (harness.faults.inject_fault)
+    timeout_s: float = _field(300.0, "positive", identity=False)  # process group timeout, seconds
+    # for tests: "<kind>@<rank>" injects a fault, kind raise | exit | segv | hang | kill | linkdown; "" = none
+    fault: str = ""
 
 
 @dataclass(frozen=True)
 class AllreduceConfig:
     """Allreduce microbenchmark point (paper Figure 2): total_params float32 split into calls of k params."""
 
-    backend: str = _field("auto", choices=("auto", *BACKENDS))
-    world_size: int = _field(2, "positive")
-    profile: str = _field("auto", choices=("auto", *PROFILES))
-    total_params: int = _field(0, "non_negative")  # 0 = profile default: 60M (paper) or 4M (cpu)
-    params_per_call: int = _field(1_000_000, "positive")  # k
-    iters: int = _field(10, "positive")
-    warmup: int = _field(2, "non_negative")
-    repeat: int = _field(0, "non_negative", added=True)
-    threads_per_rank: int = _field(0, "non_negative")
+    backend: str = _field("auto", choices=("auto", *BACKENDS))  # gloo | nccl | mpi | auto (nccl where CUDA is)
+    world_size: int = _field(2, "positive")  # ranks (processes)
+    profile: str = _field("auto", choices=("auto", *PROFILES))  # paper | cpu | auto: total_params' default
+    total_params: int = _field(0, "non_negative")  # float32 parameters; 0 = profile default: 60M (paper), 4M (cpu)
+    params_per_call: int = _field(1_000_000, "positive")  # k: parameters per allreduce call
+    iters: int = _field(10, "positive")  # measured iterations, each allreducing all total_params
+    warmup: int = _field(2, "non_negative")  # iterations run before measuring, never stored
+    repeat: int = _field(0, "non_negative", added=True)  # which repetition of the point (again, same settings)
+    threads_per_rank: int = _field(0, "non_negative")  # torch's threads per rank; 0 = max(1, cores // ranks here)
     net: str = DEFAULT_NET  # loopback | RATE | auto (ResNet50's auto rate); see harness.netem
     hosts: int = _field(1, "positive", added=True)  # emulated hosts, as TrainConfig's
-    timeout_s: float = _field(300.0, "positive", identity=False)
-    fault: str = ""
+    timeout_s: float = _field(300.0, "positive", identity=False)  # process group timeout, seconds
+    fault: str = ""  # for tests: "<kind>@<rank>", as TrainConfig's; "" = none
 
 
 @dataclass(frozen=True)
@@ -108,21 +113,21 @@ class ConvergenceConfig:
 
     dataset: str = _field("digits", choices=DATASETS)  # digits (ships with scikit-learn) | cifar10 (data_dir)
     data_dir: str = ""  # cifar10: directory holding cifar-10-batches-py
-    world_size: int = _field(2, "positive")
-    backend: str = _field("auto", choices=("auto", *BACKENDS))
-    batch_size: int = _field(8, "positive")  # per rank
+    world_size: int = _field(2, "positive")  # ranks (processes)
+    backend: str = _field("auto", choices=("auto", *BACKENDS))  # gloo | nccl | mpi | auto (nccl where CUDA is)
+    batch_size: int = _field(8, "positive")  # examples per rank and iteration
     sync_every: int = _field(1, "positive")  # n: synchronize on 1 of every n iterations, accumulate otherwise
     iters: int = _field(1600, "positive")  # forward/backward iterations per rank (iters / sync_every steps)
     lr: float = _field(0.02, "positive")  # SGD learning rate (converges on digits at batch 8 and 256, n = 1..8)
-    momentum: float = 0.9  # in [0, 1)
+    momentum: float = 0.9  # SGD momentum, in [0, 1)
     eval_every: int = _field(40, "positive")  # rank 0 evaluates the test split every eval_every-th iteration
     test_fraction: float = 0.2  # digits: held-out share in (0, 1) (cifar10 uses its official test set)
     seed: int = 0  # model init, train/test split and per-epoch shuffles
-    bucket_cap_mb: float = _field(25.0, "non_negative")
-    threads_per_rank: int = _field(0, "non_negative")
+    bucket_cap_mb: float = _field(25.0, "non_negative")  # DDP bucket cap (MiB)
+    threads_per_rank: int = _field(0, "non_negative")  # torch's threads per rank; 0 = max(1, cores // ranks here)
     net: str = DEFAULT_NET  # loopback | RATE (auto = loopback: convergence is per iteration); see harness.netem
-    timeout_s: float = _field(300.0, "positive", identity=False)
-    fault: str = ""
+    timeout_s: float = _field(300.0, "positive", identity=False)  # process group timeout, seconds
+    fault: str = ""  # for tests: "<kind>@<rank>", as TrainConfig's; "" = none
 
 
 PointConfig = typing.Union[TrainConfig, AllreduceConfig, ConvergenceConfig]
@@ -285,10 +290,25 @@ def _converter(tp):
     raise TypeError(f"unsupported field type {tp!r} for the command line")
 
 
+_GLUE = "\u00a0"  # a space neither argparse nor textwrap breaks a line at
+
+
+class HelpFormatter(argparse.HelpFormatter):
+    """argparse's, but never breaking a line inside ``(default: ...)``, so that a default reads (and greps) whole."""
+
+    def _split_lines(self, text, width):
+        glued = text.replace("(default: ", f"(default:{_GLUE}")
+        return [line.replace(_GLUE, " ") for line in super()._split_lines(glued, width)]
+
+
 class OneLineParser(argparse.ArgumentParser):
     """argparse's parser for every command line here: an option it refuses (unknown, malformed, a bad value)
     ends as one line ``<prog>: error: <message>`` on stderr and exit status 2, without the usage block (``--help``
     shows it); an unknown option names the closest known one (difflib)."""
+
+    def __init__(self, *args, **kwargs):
+        kwargs.setdefault("formatter_class", HelpFormatter)
+        super().__init__(*args, **kwargs)
 
     def parse_args(self, args=None, namespace=None):
         ns, extra = self.parse_known_args(args, namespace)
@@ -297,11 +317,12 @@ class OneLineParser(argparse.ArgumentParser):
         return ns
 
     def unknown(self, arg: str) -> str:
-        """The message for an argument no option takes: for an option, the closest known one if there is one."""
+        """The message for an argument no option takes: for an option, the closest one ``--help`` lists, if any."""
         if not arg.startswith("-"):
             return f"unexpected argument {arg!r}"
         name = arg.split("=", 1)[0]
-        known = sorted(o for o in self._option_string_actions if o.startswith("--"))
+        known = sorted(o for o, action in self._option_string_actions.items()
+                       if o.startswith("--") and action.help is not argparse.SUPPRESS)
         close = difflib.get_close_matches(name, known, n=1, cutoff=0.6)
         hint = f"did you mean {close[0]}?" if close else "see --help for the options"
         return f"unknown option {arg!r}; {hint}"
@@ -310,11 +331,13 @@ class OneLineParser(argparse.ArgumentParser):
         self.exit(2, f"{self.prog}: error: {message}\n")
 
 
-def add_dataclass_arguments(parser: argparse.ArgumentParser, cls, defaults: dict | None = None) \
-        -> argparse.ArgumentParser:
+def add_dataclass_arguments(parser: argparse.ArgumentParser, cls, defaults: dict | None = None,
+                            hidden: typing.Collection[str] = ()) -> argparse.ArgumentParser:
     """Add one ``--name=value`` option per field of dataclass ``cls`` (default: ``defaults``' value, else the
-    field's), the default shown in ``--help``."""
-    hints = typing.get_type_hints(cls)
+    field's); ``--help`` shows the field's comment (:func:`field_comments`) and its default. ``hidden`` fields are
+    parsed but left out of ``--help``, for a command that takes fewer options than its dataclass has and refuses
+    the others itself."""
+    hints, comments = typing.get_type_hints(cls), field_comments(cls)
     for f in dataclasses.fields(cls):
         required = False
         if f.name in (defaults or {}):
@@ -326,11 +349,54 @@ def add_dataclass_arguments(parser: argparse.ArgumentParser, cls, defaults: dict
         else:
             default, required = None, True
         shown = ",".join(map(str, default)) if isinstance(default, (list, tuple)) else repr(default)
+        about = f.metadata.get("help") or comments.get(f.name, "")
+        text = " ".join(filter(None, (about, "(required)" if required else f"(default: {shown})")))
         tp = hints[f.name]
         metavar = "A,B,..." if typing.get_origin(tp) in (list, tuple) else getattr(tp, "__name__", "VALUE")
-        parser.add_argument(f"--{f.name}", type=_converter(tp), default=default, required=required,
-                            metavar=metavar, help="required" if required else f"(default: {shown})")
+        parser.add_argument(f"--{f.name}", type=_converter(tp), default=default, required=required, metavar=metavar,
+                            help=argparse.SUPPRESS if f.name in hidden else text.replace("%", "%%"))
     return parser
+
+
+def field_comments(cls) -> dict[str, str]:
+    """Each field's description, read from the source of the class declaring it: the comment ending the field's
+    line, else the comment lines right above it. A field is so described once, beside its default; a subclass that
+    redeclares a field without a comment keeps its base's. Fields of a class without source get none."""
+    comments: dict[str, str] = {}
+    for klass in reversed(cls.__mro__):
+        if dataclasses.is_dataclass(klass):
+            try:
+                comments.update(_declared_comments(textwrap.dedent(inspect.getsource(klass))))
+            except (OSError, TypeError, SyntaxError, tokenize.TokenError):  # no source, or not all of it
+                continue
+    return comments
+
+
+def _declared_comments(source: str) -> dict[str, str]:
+    """``name -> comment`` for each ``name: type ...`` statement in the body of the class whose source this is."""
+    found, alone, statement, trailing, depth = {}, {}, [], [], 0
+    for tok in tokenize.generate_tokens(io.StringIO(source).readline):
+        if tok.type == tokenize.INDENT:
+            depth += 1
+        elif tok.type == tokenize.DEDENT:
+            depth -= 1
+        elif tok.type == tokenize.COMMENT:
+            text = tok.string.lstrip("#").strip()
+            if statement:
+                trailing.append(text)
+            else:
+                alone[tok.start[0]] = text
+        elif tok.type == tokenize.NEWLINE:
+            if depth == 1 and len(statement) > 1 and statement[0].type == tokenize.NAME and statement[1].string == ":":
+                row, above = statement[0].start[0], []
+                while row - 1 - len(above) in alone:
+                    above.insert(0, alone[row - 1 - len(above)])
+                if trailing or above:
+                    found[statement[0].string] = trailing[0] if trailing else " ".join(above)
+            statement, trailing = [], []
+        elif tok.type not in (tokenize.NL, tokenize.ENDMARKER):
+            statement.append(tok)
+    return found
 
 
 def dataclass_from_namespace(cls, ns: argparse.Namespace):

@@ -101,12 +101,12 @@ def _gbit(alpha_ms: float, gbit_per_s: float) -> AlphaBeta:
 
 
 # The paper's Figure 6 (32 GPUs, 25 MB buckets): how much faster an iteration is with communication overlapping
-# backward than after it, per (model, backend), in percent (paper-notes.md, [confirmed]). A check, never an input.
+# backward than after it, per (model, backend), in percent (the paper's Section 5.1). A check, never an input.
 PAPER_OVERLAP_SPEEDUP = {("resnet50", "nccl"): 38.0, ("bert-base", "nccl"): 35.2,
                          ("resnet50", "gloo"): 26.8, ("bert-base", "gloo"): 21.5}
 PAPER_OVERLAP_GPUS = 32
 
-STORED_PROFILE = Path(__file__).with_name("h100_compute_profile.json")  # ../shared/gpu/h100-compute-profile.json
+STORED_PROFILE = Path(__file__).with_name("h100_compute_profile.json")  # one H100, no DDP: its "source" says how
 
 # Single-GPU and multi-GPU training throughput of NVIDIA's PyTorch examples on 4 servers of 8 V100-SXM2 16 GB, one
 # 100 Gbit/s InfiniBand NIC each (the paper's shape), NGC 20.03 (PyTorch 1.5), fp32, median of 5 runs of 100
@@ -117,9 +117,9 @@ PUBLISHED_SCALING = {  # (model, per-GPU batch) -> {GPUs: samples/s}
     ("bert-base", 32): {1: 119.6, 8: 921.32, 16: 1499.4, 32: 2885.81},  # pretraining, seq 128, Adam
 }
 
-# torch's DDP against no DDP, NCCL, one rank on one H100 (../shared/gpu/README.md, 100 interleaved rounds, medians):
-# model -> {bucket cap MiB: (no DDP ms, torch's DDP ms)}. ResNet50's rows calibrate the host overhead, BERT-base's
-# validate it.
+# torch's DDP against no DDP, NCCL, one rank on one H100 (BENCHMARKS.md, "On a GPU: one H100, before the host-side
+# changes above": 100 interleaved rounds, medians): model -> {bucket cap MiB: (no DDP ms, torch's DDP ms)}. ResNet50's
+# rows calibrate the host overhead, BERT-base's validate it.
 H100_DDP = {"resnet50": {1: (26.5, 36.8), 25: (27.7, 34.9)}, "bert-base": {1: (34.0, 46.8), 25: (34.0, 40.4)}}
 # The same, from another H100 a day later (`make gpu-check`, BENCHMARKS.md: its bench's 20 interleaved rounds,
 # torch 2.11): a second run, which validates only.
@@ -257,8 +257,8 @@ def _h100_cluster() -> Cluster:
                "gloo": _gloo(400.0)},
         bandwidth={"nccl": NCCL_RANGE, "gloo": GLOO_RANGE},
         sources=(*(f"compute, {m} batch {b}: {c.iteration_ms.source}" for (m, b), c in compute.items()),
-                 "phases and ready times: the same profile (simulator/h100_compute_profile.json, from "
-                 "../shared/gpu/h100-compute-profile.json: one H100 80GB HBM3, torch 2.11, CUDA events)",
+                 "phases and ready times: the same profile (simulator/h100_compute_profile.json: one H100 80GB "
+                 "HBM3, torch 2.11, CUDA events)",
                  f"DDP host overhead: {_h100_host().per_gradient_ms.source}",
                  "H100 memory bandwidth 3.35 TB/s (NVIDIA H100 SXM datasheet): DDP's bucket copies",
                  "NCCL over NVLink 4 (8 GPUs, NVSwitch): all-reduce bus bandwidth ~400 GB/s (3200 Gbit/s; nccl-tests "
@@ -270,8 +270,8 @@ def _h100_cluster() -> Cluster:
 
 CLUSTERS: dict[str, Cluster] = {c.name: c for c in (
     _v100_cluster("paper-v100", "the paper's: servers of 8 V100 over NVLink, 100 Gbit/s between servers", 100.0, 90.0,
-                  "servers joined by 100 Gbit/s (the paper's setup as summarised in paper-notes.md, [likely]; DLPerf's "
-                  "V100 cluster, one 100 Gbit/s InfiniBand NIC per server); NCCL reaches 90% of it"),
+                  "servers joined by 100 Gbit/s (the paper's Section 5: 4 servers of 8 V100, one 100 Gbit/s "
+                  "InfiniBand NIC each, as DLPerf's V100 cluster has); NCCL reaches 90% of it"),
     _v100_cluster("dgx1-v100", "DGX-1 class: 8 V100-SXM2 over NVLink, 4 x 100 Gbit/s InfiniBand per server",
                   100.0, 320.0,
                   "servers joined by four 100 Gbit/s InfiniBand NICs each (DGX-1 system architecture white paper); "

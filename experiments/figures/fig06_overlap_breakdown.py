@@ -31,9 +31,9 @@ PHASES = (("forward_ms", "forward"), ("backward_compute_ms", "backward compute")
 class Config(common.ModelSweep):
     """Overlap on and off per model and backend; every field is a --key=value override."""
 
-    world_size: int = 2
-    bucket_cap_mb: float = 25
-    cluster: str = paper_scale.DEFAULT_CLUSTER  # the simulated panel at the paper's scale ('' = none)
+    world_size: int = 2  # ranks
+    bucket_cap_mb: float = 25  # DDP bucket cap (MiB)
+    cluster: str = paper_scale.DEFAULT_CLUSTER  # cluster simulated at the paper's scale, a panel beside ('' = none)
 
 
 def points(cfg: Config) -> list[TrainConfig]:

@@ -29,12 +29,14 @@ PAPER = {
 class Config(common.ModelSweep):
     """Sweep of bucket caps; every field is a --key=value override."""
 
-    world_size: int = 2
-    bucket_caps_mb: tuple[float, ...] = (0, 1, 5, 25, 100, 1000)
-    impl: str = "ours"
-    iters: int = 3  # per repetition: 3 repetitions x (2 + 3) keep `make fig7` under 9 minutes on 2 cores (README)
-    warmup: int = 2  # the first iteration rebuilds the buckets; the second, first on them, still runs slow
-    cluster: str = paper_scale.DEFAULT_CLUSTER  # the simulated panel at the paper's scale ('' = none)
+    world_size: int = 2  # ranks
+    bucket_caps_mb: tuple[float, ...] = (0, 1, 5, 25, 100, 1000)  # DDP bucket caps (MiB), a point each
+    impl: str = "ours"  # whose DDP: ours | torch
+    # 3 repetitions x (2 + 3) iterations keep `make fig7` under 9 minutes on 2 cores (README)
+    iters: int = 3  # measured iterations per point, repetition and rank
+    # the first iteration rebuilds the buckets; the second, the first on them, still runs slow
+    warmup: int = 2  # iterations run before measuring, per point and repetition, never stored
+    cluster: str = paper_scale.DEFAULT_CLUSTER  # cluster simulated at the paper's scale, a panel beside ('' = none)
 
 
 def points(cfg: Config) -> list[TrainConfig]:
@@ -64,7 +66,7 @@ def draw(df, cfg: Config, name: str, paper: dict):
         per_task = verdicts.task_medians(sel, ["bucket_cap_mb"])
         ranking = verdicts.rank_options(per_task)
         boxes, lower = plotting.split_panel(ax)
-        plotting.latency_boxes(boxes, sel, "bucket_cap_mb", common.fmt_mb)
+        plotting.latency_boxes(boxes, sel, "bucket_cap_mb", lambda c: f"{common.fmt_mb(c)} MiB", ranking.reference)
         grad_mib = sel["num_params"].iloc[0] * 4 / 2**20
         boxes.set_title(f"{model} / {backend} (gradients: {grad_mib:.3g} MiB)", fontsize=10)
         caps = sorted(sel["bucket_cap_mb"].unique())
@@ -75,8 +77,9 @@ def draw(df, cfg: Config, name: str, paper: dict):
     simulated = cfg.cluster and (lambda ax, model: paper_scale.draw_caps(ax, cfg.cluster, model, gpus,
                                                                          cfg.bucket_caps_mb))
     fig = plotting.model_backend_panels(ok, cfg.models, cfg.backends, unavailable, draw, simulated=simulated,
-                                      height=plotting.PAIRED_HEIGHT)
-    note = (plotting.BOXES_NOTE + plotting.PAIRED_NOTE + ": each cap's latency over the reference cap's. "
+                                        width=5.0, height=plotting.PAIRED_HEIGHT)  # room for a 3-line caption
+    note = (plotting.BOXES_NOTE + ", the reference's latency x the ratios below" + plotting.PAIRED_NOTE
+            + " of each cap's latency / the reference's"
             + plotting.ranking_note("cap") + paper_scale.caption(cfg.cluster))
     return plotting.finish(fig, f"Figure {name[3:]}: per-iteration latency vs bucket size, {common.ranks(cfg)}",
                          f"{paper['setup']}; {paper['claim']}", ok, note, unavailable=unavailable)

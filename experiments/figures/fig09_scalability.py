@@ -28,11 +28,12 @@ PAPER = {
 class Config(common.ModelSweep):
     """Weak-scaling sweep over world sizes; every field is a --key=value override."""
 
-    world_sizes: tuple[int, ...] = (1, 2, 4)
-    bucket_cap_mb: float = 25
-    impl: str = "ours"
-    threads_per_rank: int = 1  # fixed, so every world size does the same compute per rank (0 = cores // ranks)
-    cluster: str = paper_scale.DEFAULT_CLUSTER  # the simulated panel at the paper's scale ('' = none)
+    world_sizes: tuple[int, ...] = (1, 2, 4)  # ranks, a point each (weak scaling: the batch per rank is fixed)
+    bucket_cap_mb: float = 25  # DDP bucket cap (MiB)
+    impl: str = "ours"  # whose DDP: ours | torch
+    # fixed, so that every world size does the same compute per rank
+    threads_per_rank: int = 1  # torch's threads per rank; 0 = cores // ranks
+    cluster: str = paper_scale.DEFAULT_CLUSTER  # cluster simulated at the paper's scale, a panel beside ('' = none)
 
 
 def points(cfg: Config) -> list[TrainConfig]:
@@ -69,7 +70,10 @@ def plot(df, cfg: Config):
                                                                             cfg.bucket_cap_mb))
     fig = plotting.model_backend_panels(ok, cfg.models, cfg.backends, unavailable, draw, simulated=simulated)
     note = ". On one machine, ranks also share its CPU cores" + paper_scale.caption(cfg.cluster)
-    return plotting.finish(fig, "Figure 9: latency vs number of ranks (weak scaling)",
+    sizes = sorted(int(n) for n in ok.loc[ok["impl"] != "local", "world_size"].unique()) if len(ok) else []
+    ranks = f", {', '.join(map(str, sizes))} ranks" if sizes else ""  # what sets the variants' figures apart
+    hosts = f" on {cfg.hosts} emulated hosts" if cfg.hosts > 1 else ""
+    return plotting.finish(fig, f"Figure 9: latency vs number of ranks (weak scaling){ranks}{hosts}",
                          f"{PAPER['setup']}; {PAPER['claim']}", ok, note, unavailable=unavailable)
 
 

@@ -31,11 +31,11 @@ PAPER = {
 class Config(common.ModelSweep):
     """no_sync sweep; every field is a --key=value override."""
 
-    world_sizes: tuple[int, ...] = (2, 4)
-    sync_every: tuple[int, ...] = (1, 2, 4, 8)
-    bucket_cap_mb: float = 25
-    impl: str = "ours"
-    iters: int = 8
+    world_sizes: tuple[int, ...] = (2, 4)  # ranks, a point each
+    sync_every: tuple[int, ...] = (1, 2, 4, 8)  # n: synchronize 1 of every n iterations (no_sync on the others)
+    bucket_cap_mb: float = 25  # DDP bucket cap (MiB)
+    impl: str = "ours"  # whose DDP: ours | torch
+    iters: int = 8  # measured iterations per point, repetition and rank: a multiple of every n
 
 
 def points(cfg: Config) -> list[TrainConfig]:
@@ -106,8 +106,8 @@ def plot(df, cfg: Config):
 
     fig = plotting.model_backend_panels(ok, cfg.models, cfg.backends, unavailable, draw, width=6.5,
                                       height=plotting.PAIRED_HEIGHT)
-    note = (". Above, markers: median over repetitions, bars: its 95% interval" + plotting.PAIRED_NOTE
-            + ": 100 x (1 - n's amortized latency over n = 1's), per world size")
+    note = (". Above: median over repetitions and its 95% interval" + plotting.PAIRED_NOTE
+            + " of the amortized saving vs n = 1")
     return plotting.finish(fig, "Figure 10: skipping gradient synchronization", f"{PAPER['setup']}; {PAPER['claim']}",
                          ok, note, unavailable=unavailable)
 

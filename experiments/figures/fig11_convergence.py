@@ -43,17 +43,17 @@ class Config:
     """Convergence sweep over batch sizes and n; every field is a --key=value override."""
 
     dataset: str = "digits"  # digits | cifar10 (needs data_dir)
-    data_dir: str = ""
-    world_size: int = 2
-    backend: str = "auto"
-    batch_sizes: tuple[int, ...] = (8, 256)  # per rank
-    sync_every: tuple[int, ...] = (1, 2, 4, 8)
-    iters: int = 1600
-    lr: float = 0.02
-    momentum: float = 0.9
-    eval_every: int = 40
+    data_dir: str = ""  # cifar10: directory holding cifar-10-batches-py
+    world_size: int = 2  # ranks
+    backend: str = "auto"  # gloo | nccl | mpi | auto (nccl where CUDA is)
+    batch_sizes: tuple[int, ...] = (8, 256)  # examples per rank and iteration, a run each
+    sync_every: tuple[int, ...] = (1, 2, 4, 8)  # n: synchronize 1 of every n iterations, accumulate otherwise
+    iters: int = 1600  # forward/backward iterations per rank and run
+    lr: float = 0.02  # SGD learning rate
+    momentum: float = 0.9  # SGD momentum, in [0, 1)
+    eval_every: int = 40  # rank 0 evaluates the test split every eval_every-th iteration
     seeds: tuple[int, ...] = (0, 1, 2)  # one run per seed; summaries give the range over seeds
-    bucket_cap_mb: float = 25
+    bucket_cap_mb: float = 25  # DDP bucket cap (MiB)
     smooth: int = 50  # plot: rolling-mean window of the training loss, in iterations
 
 

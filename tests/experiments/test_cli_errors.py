@@ -145,7 +145,8 @@ def test_predict_help_shows_the_model_it_predicts_by_default(capsys):
     with pytest.raises(SystemExit) as done:
         main(["predict", "--help"])
     assert done.value.code == 0
-    assert re.search(r"--model str\s+\(default: 'resnet50'\)", capsys.readouterr().out)
+    # the field's description, then its default, before the next option
+    assert re.search(r"--model str\s+(?:(?!\n  -).)*?\(default: 'resnet50'\)", capsys.readouterr().out, re.S)
 
 def test_bench_refuses_in_one_line(capsys):
     assert bench.main(["--bucket_caps_mb=-1"]) == 2

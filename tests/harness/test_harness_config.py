@@ -117,3 +117,36 @@ def test_dataclass_cli_rejects_bad_input(argv, capsys):
         parse_dataclass(TrainConfig, argv)
     err = capsys.readouterr().err
     assert "error:" in err and argv[0].split("=")[0] in err
+
+
+@dataclasses.dataclass(frozen=True)
+class _Described:
+    caps_mb: tuple[float, ...] = (1.0, 5.0)  # bucket caps (MiB), 100% of them
+    # what the line below is,
+    # over two lines
+    world_size: int = 2
+    net: str = dataclasses.field(default="auto", metadata={"help": "from metadata"})
+
+    def ranks(self) -> int:
+        # a method's comment describes no field
+        return self.world_size
+
+
+@dataclasses.dataclass(frozen=True)
+class _Redeclared(_Described):
+    world_size: int = 4
+    caps_mb: tuple[float, ...] = (25.0,)  # caps of the subclass
+
+
+def test_help_takes_each_fields_comment_and_its_default(capsys):
+    assert config.field_comments(_Redeclared) == {"caps_mb": "caps of the subclass",
+                                                  "world_size": "what the line below is, over two lines"}
+    with pytest.raises(SystemExit):
+        parse_dataclass(_Redeclared, ["--help"], prog="prog")
+    out = " ".join(capsys.readouterr().out.split())
+    assert "--world_size int what the line below is, over two lines (default: 4)" in out
+    assert "--caps_mb A,B,... caps of the subclass (default: 25.0)" in out
+    assert "--net str from metadata (default: 'auto')" in out
+    with pytest.raises(SystemExit):
+        parse_dataclass(_Described, ["--help"], prog="prog")
+    assert "100% of them" in capsys.readouterr().out  # a % in a comment is text, not a format
