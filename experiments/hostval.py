@@ -12,7 +12,7 @@ and per bucket (measured on a stand-in model, not this one), the link, the per-c
 The host's speed, which moved 30% within minutes on 2 shared cores, then cancels, and what is compared is the model
 of DDP's overhead, as on the H100 (``simulator.clusters.host_check``). The end-to-end prediction (compute from the
 probe too) is kept beside it. At one rank DDP adds its host work alone (what the H100 check measured); at two, on cores
-the ranks share, the link and Gloo's calls as well. The goal is 5% (issue 41) for each cap's median error over the
+the ranks share, the link and Gloo's calls as well. The goal is 5% for each cap's median error over the
 repeats (:func:`summary`). Writes ``results/hostval/hostval.csv`` after every repeat; each run starts afresh.
 """
 from __future__ import annotations
