@@ -41,9 +41,9 @@ $(TEST_STAMP): $(STAMP)
 test: $(TEST_STAMP)
 	$(PY) -m pytest tests $(ARGS)
 
-# The flake hunt: every test file that launches processes 10 times (every other run beside a CPU hog) and a user's
-# exit script 30 times per DDP and ending -> results/stress/*.csv and a table of failures (hours on 2 cores);
-# `make stress ARGS="--runs=2 --exit_runs=5 --files=tests/harness/test_harness_launch.py"`.
+# The flake hunt: every test file that launches processes 10 times (every other run beside a CPU hog), a user's exit
+# script 30 times per DDP and ending, and on request CI's `make test` in fresh clones -> results/stress/*.csv and
+# tables of failures (hours on 2 cores); `make stress ARGS="--runs=0 --exit_runs=0 --fresh_clones=13 --hog_clones=3"`.
 stress: $(TEST_STAMP)
 	$(PY) -m tests.stress $(ARGS)
 

@@ -1,20 +1,25 @@
 """The flake hunt, kept as a command (``make stress``): every test file that launches processes, run ``--runs``
-times (every other run beside a CPU hog taking one core), and the user-style exit script
-(``tests/ddp_impl/exit_script.py``) ``--exit_runs`` times per DDP and ending. Prints failures per test and
-aborts per ending, and appends every outcome to ``<out>/tests.csv`` and ``<out>/exit.csv`` as it goes (an
+times (every other run beside a CPU hog taking one core), the user-style exit script
+(``tests/ddp_impl/exit_script.py``) ``--exit_runs`` times per DDP and ending, and ``--fresh_clones`` times CI's
+command (``bash .ci/run``: ``make test`` from scratch) in a fresh clone of this repository's HEAD (the last
+``--hog_clones`` of them beside a CPU hog). Prints failures per test, aborts per ending and the clones' outcomes,
+and appends every outcome to ``<out>/tests.csv``, ``<out>/exit.csv`` and ``<out>/fresh_clones.csv`` as it goes (an
 interrupted hunt keeps what it ran). ``--summary`` only prints the tables of what ``<out>`` holds.
 
     make stress                                  # 10 runs per file, 30 per ending (hours on 2 cores)
     make stress ARGS="--runs=2 --exit_runs=5 --files=tests/harness/test_harness_launch.py"
+    make stress ARGS="--runs=0 --exit_runs=0 --fresh_clones=13 --hog_clones=3"
 """
 from __future__ import annotations
 
 import argparse
 import contextlib
 import csv
+import re
 import subprocess
 import sys
 import tempfile
+import time
 import xml.etree.ElementTree as ET
 from pathlib import Path
 
@@ -78,6 +83,22 @@ def run_exit_script(impl: str, ending: str) -> dict:
             "ranks_with_threads_left": done.stderr.count(LEFT_MARK)}
 
 
+def run_fresh_clone() -> dict:
+    """CI's command in a fresh clone of HEAD with ``../shared`` beside it (when this checkout has one)."""
+    with tempfile.TemporaryDirectory() as tmp:
+        clone = Path(tmp) / ROOT.name
+        subprocess.run(["git", "clone", "-q", str(ROOT), str(clone)], check=True)
+        if (ROOT.parent / "shared").is_dir():
+            (Path(tmp) / "shared").symlink_to(ROOT.parent / "shared")
+        start = time.monotonic()
+        done = subprocess.run(["bash", ".ci/run"], cwd=clone, capture_output=True, text=True)
+        seconds = time.monotonic() - start
+    counts = {k: int(n) for n, k in re.findall(r"(\d+) (passed|failed|skipped|errors?)\b", done.stdout[-3000:])}
+    return {"returncode": done.returncode, "seconds": round(seconds), "passed": counts.get("passed", 0),
+            "failed": counts.get("failed", 0) + counts.get("error", 0) + counts.get("errors", 0),
+            "skipped": counts.get("skipped", 0)}
+
+
 def summary(out: Path) -> str:
     """The two tables of what ``out`` holds: failures per test, and exits per DDP and ending."""
     parts = []
@@ -97,6 +118,14 @@ def summary(out: Path) -> str:
                                                   threads_left=("ranks_with_threads_left", lambda n: int((n > 0).sum())))
         parts.append("exit script (runs with a rank aborted / any failure / a rank's Gloo threads alive at exit):\n"
                      + table.to_string())
+    if (out / "fresh_clones.csv").exists():
+        f = pd.read_csv(out / "fresh_clones.csv")
+        lines = [f"fresh clones, `make test` from scratch: {int((f['returncode'] == 0).sum())} of {len(f)} passed"]
+        for hog, g in f.groupby("hog"):
+            lines.append(f"  {'beside a CPU hog' if hog else 'alone'}: {len(g)} runs, {int(g['failed'].sum())} failed "
+                         f"tests, {g['passed'].min()}-{g['passed'].max()} passed each, {g['seconds'].min()}-"
+                         f"{g['seconds'].max()} s each")
+        parts.append("\n".join(lines))
     return "\n\n".join(parts) or f"nothing stored under {out}"
 
 
@@ -105,13 +134,17 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--runs", type=int, default=10, help="runs of every launching test file (default 10)")
     parser.add_argument("--exit_runs", type=int, default=30, help="runs of the exit script per DDP and ending "
                         "(default 30)")
+    parser.add_argument("--fresh_clones", type=int, default=0, help="runs of CI's `make test` in a fresh clone "
+                        "(default 0)")
+    parser.add_argument("--hog_clones", type=int, default=0, help="how many of those (the last) run beside a CPU "
+                        "hog (default 0)")
     parser.add_argument("--files", default="", help="comma-separated test files (default: every launching one)")
     parser.add_argument("--out", default=str(ROOT / "results" / "stress"), help="where the CSVs go "
                         "(default results/stress)")
     parser.add_argument("--summary", action="store_true", help="only print the tables of what --out holds")
     args = parser.parse_args(argv)
-    if args.runs < 0 or args.exit_runs < 0:
-        parser.error("--runs and --exit_runs must be at least 0")
+    if min(args.runs, args.exit_runs, args.fresh_clones, args.hog_clones) < 0:
+        parser.error("--runs, --exit_runs, --fresh_clones and --hog_clones must be at least 0")
     out = Path(args.out)
     if not args.summary:
         files = [Path(f).resolve() for f in args.files.split(",") if f] or launching_files()
@@ -137,6 +170,13 @@ def main(argv: list[str] | None = None) -> int:
                     with cpu_hog(hog):
                         result = run_exit_script(impl, ending)
                     _append(out / "exit.csv", dict(run=run, hog=hog, impl=impl, ending=ending, **result))
+        for run in range(args.fresh_clones):
+            hog = run >= args.fresh_clones - args.hog_clones
+            print(f"[stress] fresh clone {run + 1}/{args.fresh_clones}{' beside a CPU hog' if hog else ''}",
+                  file=sys.stderr, flush=True)
+            with cpu_hog(hog):
+                result = run_fresh_clone()
+            _append(out / "fresh_clones.csv", dict(run=run, hog=hog, **result))
     print(summary(out))
     return 0
 
