@@ -306,6 +306,7 @@ class DistributedDataParallel(nn.Module, Joinable):
         """Drop every reference this DDP holds to a process group, so that destroying the groups frees them
         (``ddp_impl.lifetime``, at exit); it cannot communicate afterwards."""
         self.process_group = self._primary = None
+        self.__dict__.pop("_join_flag", None)  # a join context's pending allreduce
         reducer = getattr(self, "reducer", None)
         if reducer is not None:
             reducer.group = reducer.comm_state = reducer._used_work = None

@@ -17,7 +17,10 @@ Three things keep a group alive past a script's last line:
 At exit (``atexit``, registered when ``ddp_impl`` is imported, so it runs after the handlers a script registers
 later) :func:`release_at_exit` undoes all three once a DDP of ours was built in the process: it unpins, drops the
 groups of every live DDP, destroys the groups still there (no barrier: a peer that already left would make it
-wait out the timeout) and collects garbage, so the groups' threads are joined while the interpreter is whole.
+wait out the timeout) and collects garbage, so the groups' threads are joined while the interpreter is whole. A
+process leaving on an uncaught exception keeps its groups (destroying waits for collectives a failed peer may
+never finish; it has failed already). A group the script itself still references at exit (a ``new_group()`` in a
+global, a comm hook's state it keeps) stays alive: only the script can drop that reference.
 """
 from __future__ import annotations
 
@@ -57,14 +60,15 @@ def release_at_exit() -> None:
     """The exit's part (see the module docstring); does nothing in a process that built no DDP of ours."""
     if not _used:
         return
-    unpin_defaults()
-    for ddp in list(_live):
-        ddp.release_groups()
-    if dist.is_available() and dist.is_initialized():
-        try:
+    failing = getattr(sys, "last_exc", None) is not None or getattr(sys, "last_value", None) is not None
+    try:
+        unpin_defaults()
+        for ddp in list(_live):
+            ddp.release_groups()
+        if not failing and dist.is_available() and dist.is_initialized():
             dist.destroy_process_group()
-        except Exception as exc:  # noqa: BLE001 - a failing teardown must not turn a finished run into a failure
-            print(f"[ddp_impl] destroying the process groups at exit failed: {exc}", file=sys.stderr)
+    except Exception as exc:  # noqa: BLE001 - a failing teardown must not turn a finished run into a failure
+        print(f"[ddp_impl] releasing the process groups at exit failed: {exc}", file=sys.stderr)
     gc.collect()
 
 

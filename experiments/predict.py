@@ -44,10 +44,11 @@ PROBE_ITERS = {"cpu": (3, 1), "cuda": (20, 5)}
 CALIBRATION_DIR = "calibration"
 REFRESH_HOURS = 24.0  # a stored full probe younger than this is refreshed (compute only) instead of redone
 DDP_IMPLS = ("ours", "torch")
-# the point options a prediction reads: what its calibration is probed with and the scenario it simulates. The
+# the point options a prediction reads: what its calibration is probed with (and its group timeout) and the scenario
+# it simulates. The
 # others are left out of --help and refused at any value but their default, rather than ignored
 PREDICTED = ("model", "impl", "profile", "backend", "world_size", "batch_size", "bucket_cap_mb", "overlap",
-             "sync_every", "round_robin_groups", "threads_per_rank", "net", "hosts", "malloc")
+             "sync_every", "round_robin_groups", "threads_per_rank", "net", "hosts", "malloc", "timeout_s")
 # what a stored calibration must share with the point it predicts (malloc: glibc's default before the field)
 CALIBRATION_KEYS = ("model", "profile", "batch_size", "world_size", "backend", "net", "hosts", "threads_per_rank",
                     "malloc")

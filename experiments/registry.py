@@ -93,12 +93,12 @@ def draw(driver, cfg=None, root=None, experiment: str | None = None, name: str |
     (default: ``FIGURE``), with ``cfg`` (default: the settings of its last run, or as the rows say when ``cfg``
     is a function of them); says so and returns None when nothing is stored."""
     name = name or driver.FIGURE
-    root = root_for(experiment or driver.FIGURE, root)
-    df = load_results(experiment or driver.FIGURE, root)
+    source = root_for(experiment or driver.FIGURE, root)  # read here, written where the caller's root says
+    df = load_results(experiment or driver.FIGURE, source)
     if df.empty:
         print(f"[{name}] no stored results yet; run `make {driver.FIGURE}` first")
         return None
-    cfg = cfg(df) if callable(cfg) else cfg if cfg is not None else stored_config(driver, root)
+    cfg = cfg(df) if callable(cfg) else cfg if cfg is not None else stored_config(driver, source)
     path = plotting.save(driver.plot(df, cfg), name, root)
     print(f"[{name}] wrote {path} (and .pdf)")
     if hasattr(driver, "summarize"):
@@ -127,19 +127,19 @@ def variants(driver, root=None) -> dict[str, Callable[[], Path | None]]:
     hold, ``<FIGURE>-hosts<H>``; any other folder one figure, ``<FIGURE>-<what>``. The settings: those of the
     driver's last run with the models, world sizes and bucket caps the rows hold (and ``hosts=H``)."""
     out: dict[str, Callable[[], Path | None]] = {}
-    told, root = root, root_for(f"{driver.FIGURE}_*", root, announce=False)
-    for folder in sorted(results_root(root).glob(f"{driver.FIGURE}_*")):
+    source = root_for(f"{driver.FIGURE}_*", root, announce=False)
+    for folder in sorted(results_root(source).glob(f"{driver.FIGURE}_*")):
         experiment, what = folder.name, folder.name[len(driver.FIGURE) + 1:]
-        df = load_results(experiment, root) if (folder / "points").is_dir() else pd.DataFrame()
+        df = load_results(experiment, source) if (folder / "points").is_dir() else pd.DataFrame()
         if df.empty:
             continue
         if what != "hosts":
-            out[f"{driver.FIGURE}-{what}"] = partial(draw, driver, partial(_config_from_rows, driver, root), told,
+            out[f"{driver.FIGURE}-{what}"] = partial(draw, driver, partial(_config_from_rows, driver, source), root,
                                                      experiment, f"{driver.FIGURE}-{what}")
             continue
         for hosts in sorted({int(h) for h in _communicating(df).get("hosts", pd.Series(dtype=float)).fillna(1)}):
             out[f"{driver.FIGURE}-hosts{hosts}"] = partial(
-                draw, driver, partial(_config_from_rows, driver, root, hosts=hosts), told, experiment,
+                draw, driver, partial(_config_from_rows, driver, source, hosts=hosts), root, experiment,
                 f"{driver.FIGURE}-hosts{hosts}")
     return out
 
@@ -181,8 +181,8 @@ def draw_tune(root=None) -> Path | None:
     from simulator.tune import recommend
 
     cals = []
-    root = root_for("tune", root)
-    for path in sorted((results_root(root) / tune.EXPERIMENT / "calibrations").glob("*.json")):
+    source = root_for("tune", root)
+    for path in sorted((results_root(source) / tune.EXPERIMENT / "calibrations").glob("*.json")):
         try:
             cals.append(Calibration.load(path, stored_run=True))
         except (ValueError, TypeError, KeyError) as exc:  # an older version's probe
@@ -196,7 +196,7 @@ def draw_tune(root=None) -> Path | None:
     rec = recommend(cal, cfg.grid_mb)
     out = dict(recommended_mb=rec.cap_mb, predicted=rec.predicted_ms, band=rec.band_ms, regret=rec.regret,
                measured=None)
-    ok = common.ok_rows(load_results(tune.EXPERIMENT, root))
+    ok = common.ok_rows(load_results(tune.EXPERIMENT, source))
     if not ok.empty:
         ok = ok[(ok["model"] == cfg.model) & (ok["world_size"] == cfg.world_size) & (ok["net"] == cfg.net)]
         out["measured"] = verdicts.task_medians(ok, ["bucket_cap_mb"]) if not ok.empty else None
@@ -210,8 +210,7 @@ def draw_simval(root=None) -> Path | None:
     """``simval.png`` from the stored ``simval/validation.csv`` (every point's median prediction and measurement)."""
     from experiments import simval
 
-    root = root_for("simval", root)
-    path = results_root(root) / simval.EXPERIMENT / "validation.csv"
+    path = results_root(root_for("simval", root)) / simval.EXPERIMENT / "validation.csv"
     if not path.exists():
         print("[simval] no stored results yet; run `make simval` first")
         return None
@@ -226,8 +225,7 @@ def draw_timeline(root=None) -> Path | None:
     """``timeline.png`` and its Chrome trace from the last traced point stored under ``timeline/``."""
     from experiments import timeline
 
-    root = root_for(timeline.NAME, root)
-    df = common.ok_rows(load_results(timeline.NAME, root))
+    df = common.ok_rows(load_results(timeline.NAME, root_for(timeline.NAME, root)))
     if not df.empty and "trace_buckets" in df.columns:
         df = df[df["trace_buckets"].fillna(False).astype(bool)]
     if df.empty:
@@ -254,7 +252,7 @@ def report(driver, root=None) -> str:
     title = (driver.__doc__ or driver.FIGURE).strip().splitlines()[0]
     measured = driver.summarize(df, cfg) if not df.empty and hasattr(driver, "summarize") else "not run yet"
     return (f"## {title}\n\n- Paper ({driver.PAPER['setup']}): {driver.PAPER['claim']}.\n"
-            f"- Here ({plotting.describe_setup(df) if not df.empty else 'no results'}):\n\n"
+            f"- Here ({plotting.describe_setup(df) if not df.empty else 'no results'}; read from {_shown(root)}):\n\n"
             + "\n".join(f"      {line}" for line in measured.splitlines()) + "\n")
 
 

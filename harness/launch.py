@@ -111,27 +111,32 @@ def _last_line(text: str) -> str:
     return lines[-1] if lines else text
 
 
-def root_cause(errors: dict[int, str], died: dict[int, int]) -> tuple[int, str]:
+def root_cause(errors: dict[int, str], died: dict[int, int], stuck: Sequence[int] = ()) -> tuple[int | None, str]:
     """(the rank that failed first, how): a rank that died is the cause, before what its peers saw of it (a
-    connection reset, a timeout); otherwise the first rank to report (``errors`` in the order reported)."""
+    connection reset, a timeout); otherwise the first rank to report (``errors`` in the order reported); otherwise
+    no rank, when the ranks were only ``stuck`` (still running at a deadline: the parent's observation)."""
     if died:
         rank = next(iter(died))
         return rank, exit_cause(died[rank])
-    rank = next(iter(errors))
-    return rank, _last_line(errors[rank])
+    reported = [r for r in errors if r not in stuck]
+    if reported:
+        return reported[0], _last_line(errors[reported[0]])
+    why = _last_line(errors[stuck[0]]).removeprefix(f"rank {stuck[0]} still running")
+    return None, f"rank(s) {sorted(stuck)} still running{why}"
 
 
 def _launch_error(errors: dict[int, str], world_size: int, backend: str, died: dict[int, int] | None = None,
-                  crashed: dict | None = None) -> LaunchError:
+                  crashed: dict | None = None, stuck: Sequence[int] = ()) -> LaunchError:
     """One error for the whole launch: the root cause first, then each failed rank's traceback or why it failed,
     then the ranks a crash signal ended (rank -> the signal's name)."""
     died, crashed = died or {}, crashed or {}
-    failed_rank, cause = root_cause(errors, died)
+    failed_rank, cause = root_cause(errors, died, stuck)
     errors = {**{r: f"rank {r} {exit_cause(code)} without reporting a result" for r, code in died.items()},
               **errors}
     detail = "\n".join(f"--- rank {r} ---\n{msg.rstrip()}" for r, msg in sorted(errors.items()))
     detail += "".join(f"\nrank {r} crashed ({name})" for r, name in crashed.items())
-    return LaunchError(f"rank {failed_rank} failed first: {cause}\n{len(errors)} of {world_size} rank(s) failed "
+    first = "no rank failed" if failed_rank is None else f"rank {failed_rank} failed first"
+    return LaunchError(f"{first}: {cause}\n{len(errors)} of {world_size} rank(s) failed "
                        f"({backend}):\n{detail}", list(crashed), failed_rank, cause)
 
 
@@ -283,7 +288,7 @@ class RankPool:
         for q in self._queues:
             q.put((task_id, fn, tuple(args)))
         try:
-            outputs, errors, died = self._collect(task_id, deadline_s)
+            outputs, errors, died, stuck = self._collect(task_id, deadline_s)
         except BaseException:
             self.close(orderly=False)
             raise
@@ -292,17 +297,19 @@ class RankPool:
             self.close(orderly=False)  # after which a rank a peer reported first has been reaped too
             crashed = {r: signal.Signals(-p.exitcode).name for r, p in enumerate(procs)
                        if -(p.exitcode or 0) in CRASH_SIGNALS}
-            raise _launch_error(errors, self.world_size, self.backend, died, crashed)
+            raise _launch_error(errors, self.world_size, self.backend, died, crashed, stuck)
         return [outputs[r] for r in range(self.world_size)]
 
-    def _collect(self, task_id: int, deadline_s: float | None) -> tuple[dict, dict, dict]:
+    def _collect(self, task_id: int, deadline_s: float | None) -> tuple[dict, dict, dict, list]:
         """(results, errors in the order reported, exit codes of the ranks that died without reporting, in the
-        order seen). After the first failure it listens :data:`_CAUSE_GRACE_S` longer, so that the cause is in."""
+        order seen, the ranks found still running at a deadline). After the first failure it listens
+        :data:`_CAUSE_GRACE_S` longer, so that the cause is in."""
         world_size, timeout_s = self.world_size, self.timeout_s
         start = time.monotonic()
         outputs: dict[int, Any] = {}
         errors: dict[int, str] = {}
         died: dict[int, int] = {}
+        stuck: list[int] = []
         dead_since: dict[int, float] = {}
         first_done = failed_at = None
         while len(outputs) + len(errors) + len(died) < world_size:
@@ -322,14 +329,17 @@ class RankPool:
                             died[r] = p.exitcode
                 if failed_at is not None:
                     continue
+                running = [r for r in range(world_size) if r not in outputs and r not in errors and r not in died]
                 if deadline_s is not None and now - start > deadline_s:
+                    stuck += running
                     errors.update({r: f"rank {r} still running after the {deadline_s:.0f} s deadline"
-                                   for r in range(world_size) if r not in outputs})
+                                   for r in running})
                 # Ranks that finished have completed every collective; one lagging by more than the
                 # process-group timeout is stuck outside collectives.
-                if first_done is not None and now - first_done > timeout_s:
+                elif first_done is not None and now - first_done > timeout_s:
+                    stuck += running
                     errors.update({r: f"rank {r} still running {timeout_s:.0f} s after rank(s) "
-                                      f"{sorted(outputs)} finished" for r in range(world_size) if r not in outputs})
+                                      f"{sorted(outputs)} finished" for r in running})
                 continue
             if done_id not in (task_id, None):
                 continue  # cannot happen while every failure ends the pool; ignored rather than misfiled
@@ -338,7 +348,7 @@ class RankPool:
                 first_done = first_done or time.monotonic()
             else:
                 errors[rank] = payload
-        return outputs, errors, died
+        return outputs, errors, died, stuck
 
 
 def _run_in_place(fn, world_size, backend, args, timeout_s, threads) -> list:
@@ -353,15 +363,15 @@ def _run_in_place(fn, world_size, backend, args, timeout_s, threads) -> list:
     local_world = int(os.environ.get("LOCAL_WORLD_SIZE", world_size))
     ctx = _make_context(rank, world_size, local_rank, local_world, backend, timeout_s, threads, group)
     try:
-        status = ("ok", fn(ctx, *args))
+        status = ("ok", fn(ctx, *args), 0.0)
     except Exception:  # noqa: BLE001 - peers must learn of it
-        status = ("error", traceback.format_exc())
+        status = ("error", traceback.format_exc(), time.time())  # when: the first to fail is the cause
     gathered: list = [None] * world_size
     dist.all_gather_object(gathered, status, group=group)
-    errors = {r: payload for r, (state, payload) in enumerate(gathered) if state != "ok"}
-    if errors:
-        raise _launch_error(errors, world_size, backend)
-    return [payload for _, payload in gathered]
+    failed = sorted((when, r) for r, (state, _, when) in enumerate(gathered) if state != "ok")
+    if failed:
+        raise _launch_error({r: gathered[r][1] for _, r in failed}, world_size, backend)
+    return [payload for _, payload, _ in gathered]
 
 
 def refuse_in_bootstrapping_child() -> None:

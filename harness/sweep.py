@@ -176,8 +176,8 @@ def _run_on_pool(pools: _Pools, cfg: PointConfig, rate_mbit: float | None, task,
 def _error_row(cfg: PointConfig, exc: BaseException) -> dict:
     """The point's error row: the root cause as fields (a launch's first failed rank and how it failed; else the
     exception's own line) and first in the text, whose middle is cut when long."""
-    if isinstance(exc, LaunchError):
-        failed_rank, cause, text = exc.failed_rank, exc.cause, str(exc)
+    if isinstance(exc, LaunchError):  # its cause, or its first line where nothing more is known (a helper died)
+        failed_rank, cause, text = exc.failed_rank, exc.cause or str(exc).splitlines()[0], str(exc)
     else:
         failed_rank, cause = None, "".join(traceback.format_exception_only(exc)).strip()
         text = f"{cause}\n" + "".join(traceback.format_exception(exc)).strip()

@@ -15,7 +15,9 @@ from __future__ import annotations
 import argparse
 import contextlib
 import csv
+import os
 import re
+import signal
 import subprocess
 import sys
 import tempfile
@@ -24,7 +26,9 @@ import xml.etree.ElementTree as ET
 from pathlib import Path
 
 import pandas as pd
+import torch
 
+from harness.results import git_commit
 from tests.ddp_impl.exit_script import ENDINGS, LEFT_MARK
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -51,6 +55,20 @@ def cpu_hog(on: bool):
             hog.wait()
 
 
+def _run(argv: list[str], cwd: Path, timeout_s: float) -> tuple[int | None, str, str]:
+    """(exit status, stdout, stderr) of ``argv`` in a session of its own; on a hang past ``timeout_s`` the whole
+    session (its spawned ranks too) is killed and the status is None: a hang is a finding, not the hunt's end."""
+    proc = subprocess.Popen(argv, cwd=cwd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            start_new_session=True)
+    try:
+        out, err = proc.communicate(timeout=timeout_s)
+        return proc.returncode, out, err
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        out, err = proc.communicate()
+        return None, out, err + f"\n[stress] killed after {timeout_s:.0f} s"
+
+
 def _append(path: Path, row: dict) -> None:
     new = not path.exists()
     with path.open("a", newline="") as f:
@@ -64,10 +82,10 @@ def run_file(path: Path) -> list[tuple[str, str]]:
     """(test id, outcome) for every test of one pytest run of ``path``; outcome passed, failed or skipped."""
     with tempfile.TemporaryDirectory() as tmp:
         report = Path(tmp) / "report.xml"
-        subprocess.run([sys.executable, "-m", "pytest", str(path), "-q", "-p", "no:cacheprovider",
-                        f"--junitxml={report}"], cwd=ROOT, capture_output=True, timeout=1800)
-        if not report.exists():
-            return [(str(path.relative_to(ROOT)), "failed")]  # pytest itself died
+        code, _, _ = _run([sys.executable, "-m", "pytest", str(path), "-q", "-p", "no:cacheprovider",
+                           f"--junitxml={report}"], ROOT, 1800)
+        if code is None or not report.exists():
+            return [(str(path.relative_to(ROOT)), "failed")]  # pytest itself died or hung
         outcomes = []
         for case in ET.parse(report).iter("testcase"):
             kinds = {child.tag for child in case}
@@ -77,10 +95,9 @@ def run_file(path: Path) -> list[tuple[str, str]]:
 
 
 def run_exit_script(impl: str, ending: str) -> dict:
-    done = subprocess.run([sys.executable, str(ROOT / "tests/ddp_impl/exit_script.py"), impl, ending], cwd=ROOT,
-                          capture_output=True, text=True, timeout=300)
-    return {"returncode": done.returncode, "aborted": any(m in done.stderr for m in ABORTED),
-            "ranks_with_threads_left": done.stderr.count(LEFT_MARK)}
+    code, _, err = _run([sys.executable, str(ROOT / "tests/ddp_impl/exit_script.py"), impl, ending], ROOT, 300)
+    return {"returncode": -1 if code is None else code, "aborted": any(m in err for m in ABORTED),
+            "ranks_with_threads_left": err.count(LEFT_MARK)}
 
 
 def run_fresh_clone() -> dict:
@@ -91,10 +108,10 @@ def run_fresh_clone() -> dict:
         if (ROOT.parent / "shared").is_dir():
             (Path(tmp) / "shared").symlink_to(ROOT.parent / "shared")
         start = time.monotonic()
-        done = subprocess.run(["bash", ".ci/run"], cwd=clone, capture_output=True, text=True)
+        code, out, _ = _run(["bash", ".ci/run"], clone, 5400)  # CI's limit
         seconds = time.monotonic() - start
-    counts = {k: int(n) for n, k in re.findall(r"(\d+) (passed|failed|skipped|errors?)\b", done.stdout[-3000:])}
-    return {"returncode": done.returncode, "seconds": round(seconds), "passed": counts.get("passed", 0),
+    counts = {k: int(n) for n, k in re.findall(r"(\d+) (passed|failed|skipped|errors?)\b", out[-3000:])}
+    return {"returncode": -1 if code is None else code, "seconds": round(seconds), "passed": counts.get("passed", 0),
             "failed": counts.get("failed", 0) + counts.get("error", 0) + counts.get("errors", 0),
             "skipped": counts.get("skipped", 0)}
 
@@ -122,7 +139,7 @@ def summary(out: Path) -> str:
         f = pd.read_csv(out / "fresh_clones.csv")
         lines = [f"fresh clones, `make test` from scratch: {int((f['returncode'] == 0).sum())} of {len(f)} passed"]
         for hog, g in f.groupby("hog"):
-            lines.append(f"  {'beside a CPU hog' if hog else 'alone'}: {len(g)} runs, {int(g['failed'].sum())} failed "
+            lines.append(f"  {'beside a CPU hog' if hog else 'without a hog'}: {len(g)} runs, {int(g['failed'].sum())} failed "
                          f"tests, {g['passed'].min()}-{g['passed'].max()} passed each, {g['seconds'].min()}-"
                          f"{g['seconds'].max()} s each")
         parts.append("\n".join(lines))
@@ -138,6 +155,8 @@ def main(argv: list[str] | None = None) -> int:
                         "(default 0)")
     parser.add_argument("--hog_clones", type=int, default=0, help="how many of those (the last) run beside a CPU "
                         "hog (default 0)")
+    parser.add_argument("--endings", default=",".join(ENDINGS), help=f"the exit script's endings (default: "
+                        f"{','.join(ENDINGS)})")
     parser.add_argument("--files", default="", help="comma-separated test files (default: every launching one)")
     parser.add_argument("--out", default=str(ROOT / "results" / "stress"), help="where the CSVs go "
                         "(default results/stress)")
@@ -151,6 +170,10 @@ def main(argv: list[str] | None = None) -> int:
         missing = [str(f) for f in files if not f.is_file()]
         if missing:
             parser.error(f"no such test file: {', '.join(missing)}")
+        endings = [e for e in args.endings.split(",") if e]
+        if set(endings) - set(ENDINGS):
+            parser.error(f"--endings: choose from {', '.join(ENDINGS)}")
+        code = dict(git_commit=git_commit(), torch_version=torch.__version__)  # which code each row measured
         out.mkdir(parents=True, exist_ok=True)
         for run in range(args.runs):
             hog = run % 2 == 1
@@ -161,22 +184,22 @@ def main(argv: list[str] | None = None) -> int:
                 with cpu_hog(hog):
                     outcomes = run_file(path)
                 for test, outcome in outcomes:
-                    _append(out / "tests.csv", dict(run=run, hog=hog, file=name, test=test, outcome=outcome))
+                    _append(out / "tests.csv", dict(run=run, hog=hog, file=name, test=test, outcome=outcome, **code))
         for run in range(args.exit_runs):
             hog = run % 2 == 1
             print(f"[stress] exit script, round {run + 1}/{args.exit_runs}", file=sys.stderr, flush=True)
             for impl in ("ours", "torch"):
-                for ending in ENDINGS:
+                for ending in endings:
                     with cpu_hog(hog):
                         result = run_exit_script(impl, ending)
-                    _append(out / "exit.csv", dict(run=run, hog=hog, impl=impl, ending=ending, **result))
+                    _append(out / "exit.csv", dict(run=run, hog=hog, impl=impl, ending=ending, **result, **code))
         for run in range(args.fresh_clones):
             hog = run >= args.fresh_clones - args.hog_clones
             print(f"[stress] fresh clone {run + 1}/{args.fresh_clones}{' beside a CPU hog' if hog else ''}",
                   file=sys.stderr, flush=True)
             with cpu_hog(hog):
                 result = run_fresh_clone()
-            _append(out / "fresh_clones.csv", dict(run=run, hog=hog, **result))
+            _append(out / "fresh_clones.csv", dict(run=run, hog=hog, **result, **code))
     print(summary(out))
     return 0
 

@@ -3,16 +3,21 @@
 ``LEFT_MARK`` and the Gloo threads still running at its very end (an ``atexit`` handler registered before any
 other, so it runs last): a thread left there is what can abort a process at exit.
 
-    python tests/ddp_impl/exit_script.py ours|torch destroy|drop|none|cycle
+    python tests/ddp_impl/exit_script.py ours|torch destroy|drop|none|cycle|global
 """
 import atexit
 import datetime
+import gc
 import os
 import socket
 import sys
 
 LEFT_MARK = "gloo threads alive at exit:"
-ENDINGS = ("destroy", "drop", "none", "cycle")
+# destroy: barrier and destroy_process_group() with the model alive; drop: the model dropped first; none: both left
+# to the interpreter's exit; cycle: the model in a reference cycle (the collector off: it lives until the exit);
+# global: the model kept in a global, as a script written at module level keeps it
+ENDINGS = ("destroy", "drop", "none", "cycle", "global")
+KEPT = []
 
 
 def _gloo_threads() -> list[str]:
@@ -57,7 +62,10 @@ def worker(rank: int, world_size: int, port: int, impl: str, ending: str) -> Non
         ddp(torch.randn(8, 32)).sum().backward()
         optimizer.step()
     if ending == "cycle":
+        gc.disable()
         ddp.itself = [ddp]
+    if ending == "global":
+        KEPT.append(ddp)
     if ending == "drop":
         del ddp, optimizer, model
     if ending != "none":
