@@ -16,7 +16,7 @@ from harness.allocator import MALLOC_ENV
 from harness.env import available_cores
 from harness.faults import inject_fault
 from harness.groups import end_rank
-from harness.launch import LaunchError, RankPool, find_free_port, launch
+from harness.launch import LaunchError, RankPool, find_free_port, launch, root_cause
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -178,3 +178,12 @@ def test_malloc_retain_keeps_freed_memory_in_the_process():
     retain = launch(_refaults, 2, "gloo", timeout_s=60, threads=1, rank_env=MALLOC_ENV["retain"])
     assert min(default) > 5 * block and max(retain) < 3 * block, (default, retain)
     assert "MALLOC_MMAP_MAX_" not in os.environ  # set for the spawned ranks only
+
+
+def test_the_root_cause_is_a_dead_rank_then_the_first_to_report_and_no_rank_for_a_deadline():
+    reset = "RuntimeError: Connection reset by peer"
+    assert root_cause({0: f"Traceback ...\n{reset}"}, {1: -9}) == (1, "killed by SIGKILL")
+    assert root_cause({1: "ValueError: bad input", 0: reset}, {}) == (1, "ValueError: bad input")
+    assert root_cause({0: "rank 0 still running after the 60 s deadline",
+                       1: "rank 1 still running after the 60 s deadline"}, {}, stuck=[0, 1]) == \
+        (None, "rank(s) [0, 1] still running after the 60 s deadline")
