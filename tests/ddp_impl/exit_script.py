@@ -21,6 +21,8 @@ KEPT = []
 
 
 def _gloo_threads() -> list[str]:
+    """As ``harness.groups.gloo_threads``, which cannot be imported here: importing harness imports ddp_impl, whose
+    exit handler must be registered after this script's report."""
     names = []
     for tid in os.listdir("/proc/self/task"):
         try:
