@@ -4,7 +4,10 @@ times (every other run beside a CPU hog taking one core), the user-style exit sc
 command (``bash .ci/run``: ``make test`` from scratch) in a fresh clone of this repository's HEAD (the last
 ``--hog_clones`` of them beside a CPU hog). Prints failures per test, aborts per ending and the clones' outcomes,
 and appends every outcome to ``<out>/tests.csv``, ``<out>/exit.csv`` and ``<out>/fresh_clones.csv`` as it goes (an
-interrupted hunt keeps what it ran). ``--summary`` only prints the tables of what ``<out>`` holds.
+interrupted hunt keeps what it ran). ``--summary`` only prints the tables of what ``<out>`` holds. Columns:
+``tests.csv`` run, hog, file, test, outcome (passed | failed | skipped); ``exit.csv`` run, hog, impl, ending,
+returncode (-1: killed after hanging), aborted, ranks_with_threads_left; ``fresh_clones.csv`` run, hog, returncode,
+seconds, passed, failed, skipped; each also git_commit and torch_version, the code it measured.
 
     make stress                                  # 10 runs per file, 30 per ending (hours on 2 cores)
     make stress ARGS="--runs=2 --exit_runs=5 --files=tests/harness/test_harness_launch.py"
