@@ -49,7 +49,9 @@ def test_torch_ddp_rows_use_torch_logger_and_no_sync():
             assert r["breakdown_source"] == "torch_logger"
             assert r["ddp_backward_comm_ms"] > 0
             assert r["backward_comm_exposed_ms"] == pytest.approx(r["ddp_backward_comm_ms"] - r["ddp_overlap_ms"])
-            assert r["backward_compute_ms"] <= r["backward_ms"] + 1.0  # logger interval lies within backward
+            # torch's interval starts at the end of DDP's forward, before the loss is computed, so it lies within
+            # forward + backward, not within backward (the loss, or a preemption before it, counts in it)
+            assert r["backward_compute_ms"] <= r["forward_ms"] + r["backward_ms"] + 0.01
         else:
             assert r["breakdown_source"] == "host" and r["backward_comm_exposed_ms"] == 0.0
             assert r["optimizer_ms"] < 50 and math.isnan(r["ddp_backward_comm_ms"])
