@@ -133,17 +133,18 @@ def summary(out: Path) -> str:
             parts.append(bad.rename(columns={False: "quiet", True: "hog"}).to_string())
     if (out / "exit.csv").exists():
         e = pd.read_csv(out / "exit.csv")
-        table = e.groupby(["impl", "ending"]).agg(runs=("run", "size"), aborted=("aborted", "sum"),
-                                                  failed=("returncode", lambda r: int((r != 0).sum())),
-                                                  threads_left=("ranks_with_threads_left", lambda n: int((n > 0).sum())))
+        table = e.groupby(["impl", "ending"]).agg(
+            runs=("run", "size"), aborted=("aborted", "sum"), failed=("returncode", lambda r: int((r != 0).sum())),
+            threads_left=("ranks_with_threads_left", lambda n: int((n > 0).sum())))
         parts.append("exit script (runs with a rank aborted / any failure / a rank's Gloo threads alive at exit):\n"
                      + table.to_string())
     if (out / "fresh_clones.csv").exists():
         f = pd.read_csv(out / "fresh_clones.csv")
         lines = [f"fresh clones, `make test` from scratch: {int((f['returncode'] == 0).sum())} of {len(f)} passed"]
         for hog, g in f.groupby("hog"):
-            lines.append(f"  {'beside a CPU hog' if hog else 'without a hog'}: {len(g)} runs, {int(g['failed'].sum())} failed "
-                         f"tests, {g['passed'].min()}-{g['passed'].max()} passed each, {g['seconds'].min()}-"
+            lines.append(f"  {'beside a CPU hog' if hog else 'without a hog'}: {len(g)} runs, "
+                         f"{int(g['failed'].sum())} failed tests, {g['passed'].min()}-{g['passed'].max()} passed "
+                         f"each, {g['seconds'].min()}-"
                          f"{g['seconds'].max()} s each")
         parts.append("\n".join(lines))
     return "\n\n".join(parts) or f"nothing stored under {out}"
