@@ -56,11 +56,16 @@ def track(ddp) -> None:
     unpin_defaults()
 
 
+def exiting_on_exception() -> bool:
+    """At exit: whether the program is leaving on an uncaught exception (the interpreter has set ``sys.last_*``)."""
+    return getattr(sys, "last_exc", None) is not None or getattr(sys, "last_value", None) is not None
+
+
 def release_at_exit() -> None:
     """The exit's part (see the module docstring); does nothing in a process that built no DDP of ours."""
     if not _used:
         return
-    failing = getattr(sys, "last_exc", None) is not None or getattr(sys, "last_value", None) is not None
+    failing = exiting_on_exception()
     try:
         unpin_defaults()
         for ddp in list(_live):

@@ -13,6 +13,8 @@ import sys
 import torch
 import torch.distributed as dist
 
+from ddp_impl.lifetime import exiting_on_exception
+
 
 def init_default_group(backend: str, timeout: datetime.timedelta, **how) -> None:
     """``dist.init_process_group`` (``how``: its rendezvous), with ``torch.distributed.nn.functional`` imported first.
@@ -104,4 +106,4 @@ def _end_rank_at_exit() -> None:
 
 def _end_rank_unless_failing() -> None:
     """A process leaving on an uncaught exception has failed (``end_rank(failed=True)``)."""
-    end_rank(failed=getattr(sys, "last_exc", None) is not None or getattr(sys, "last_value", None) is not None)
+    end_rank(failed=exiting_on_exception())
