@@ -14,7 +14,7 @@ fig2 fig9 fig10 zero simval hostval: WS_ARG = $(if $(WORLD_SIZE),$(error WORLD_S
 	world sizes; give them as ARGS="--world_sizes=..."))
 gpu-check: WS_ARG = $(if $(WORLD_SIZE),$(error WORLD_SIZE=$(WORLD_SIZE): make gpu-check runs on every visible GPU))
 
-.PHONY: setup test stress clean figures plots claims timeline bench gpu-check simval hostval tune zero torch-ddp-tests $(FIGURES)
+.PHONY: setup test stress clean figures plots report claims timeline bench gpu-check simval hostval tune zero torch-ddp-tests $(FIGURES)
 
 setup: $(STAMP)
 
@@ -62,6 +62,11 @@ zero: setup
 
 plots: setup
 	$(PY) -m experiments plots $(ARGS)
+
+# The numbers of README.md, REPRODUCTION.md and BENCHMARKS.md, regenerated from results/reference into their
+# marked regions (`make test` fails when a committed document differs from what they give).
+report: setup
+	$(PY) -m experiments report --write $(ARGS)
 
 # One iteration's per-bucket timeline (ready, launch, true completion) as a figure and a Chrome/Perfetto trace.
 timeline: setup

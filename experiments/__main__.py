@@ -6,6 +6,7 @@
     python -m experiments plots [fig7 ...]          redraw every figure whose results are stored (or those named),
                                                     no runs; --figures_dir=DIR writes them there
     python -m experiments report [fig7 ...]         markdown: per figure, the paper's claim beside what was measured
+    python -m experiments report --write|--check    the documents' generated regions from results/reference
     python -m experiments claims                    one chart of every measured number beside the paper's
     python -m experiments predict [--key=value ...] a point's latency predicted by the calibrated simulator
 
@@ -126,6 +127,10 @@ def _stored(command: str, argv: list[str], found: dict) -> int:
     if command == "report":
         parser.add_argument("figures", nargs="*", metavar="FIGURE",
                             help=f"one or more of {', '.join(found)} (default: all of them)")
+        parser.add_argument("--write", action="store_true", help="rewrite the generated regions of "
+                            "README.md, REPRODUCTION.md and BENCHMARKS.md from results/reference (`make report`)")
+        parser.add_argument("--check", action="store_true", help="change nothing; exit 1 when a document's "
+                            "generated regions differ from what results/reference gives")
     if command == "plots":
         parser.add_argument("figures", nargs="*", metavar="FIGURE",
                             help=f"one or more of {', '.join(found)}, a variant stored beside one (fig7-hosts2), "
@@ -133,6 +138,13 @@ def _stored(command: str, argv: list[str], found: dict) -> int:
     if command != "report":
         add_figures_dir(parser)
     ns = parser.parse_args(argv)
+    if command == "report" and (ns.write or ns.check):
+        from experiments.documents import update
+
+        differ = update(check=ns.check)
+        verb = "differ from results/reference (run `make report`)" if ns.check else "rewritten"
+        print(f"[report] {', '.join(differ) or 'no document'} {verb if differ else 'differs'}")
+        return 1 if ns.check and differ else 0
     if command == "report":
         for name in _known(ns.figures or list(found), found):
             print(report(found[name]))

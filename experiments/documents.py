@@ -1,0 +1,224 @@
+"""The documents' numbers, generated from the committed results (``make report``), so that they cannot drift.
+
+A document holds regions::
+
+    <!-- make report: NAME -->
+    ...generated...
+    <!-- end: NAME -->
+
+``make report`` rewrites every region's body from ``results/reference/`` (REGIONS says which names exist);
+``--check`` changes nothing and fails when a committed document differs from what its results give. Prose outside
+the regions says what is measured and how; the numbers live inside them. A result produced by code older than what
+the code now computes (a calibration of an earlier version; an earlier ``ddp_impl`` for the bench) is marked so.
+"""
+from __future__ import annotations
+
+import re
+import subprocess
+from pathlib import Path
+
+import pandas as pd
+
+from experiments import registry
+from harness import load_results
+from harness.results import REFERENCE, REPO_ROOT as ROOT
+
+DOCUMENTS = ("README.md", "REPRODUCTION.md", "BENCHMARKS.md")
+_REGION = re.compile(r"(<!-- make report: (?P<name>[^>]+?) -->\n)(?P<body>.*?)(<!-- end: (?P=name) -->)", re.S)
+
+
+def _code(text: str) -> str:
+    return f"```\n{text.rstrip()}\n```"
+
+
+def _indented(text: str) -> str:
+    return "\n".join(f"    {line}" if line else "" for line in text.rstrip().splitlines())
+
+
+def figure(name: str) -> str:
+    """A figure's section: its title, the committed picture, the paper's claim and what was measured."""
+    driver = registry.drivers()[name]
+    section = registry.report(driver, REFERENCE).replace("; read from results/reference", "")
+    title, body = section.split("\n", 1)
+    image = f"results/reference/figures/{name}.png"
+    shown = f"\n![{name}]({image})\n" if (ROOT / image).exists() else ""
+    return f"{title}\n{shown}{body.rstrip()}"
+
+
+def verdicts() -> str:
+    """Every number the figures check against the paper, with its interval over repetitions."""
+    rows = ["| fig | measured here, median [95% interval over repetitions] | paper |", "|---|---|---|"]
+    for name, driver in registry.drivers().items():
+        df = load_results(driver.FIGURE, REFERENCE)
+        if df.empty or not hasattr(driver, "claims"):
+            continue
+        for c in driver.claims(df, registry.stored_config(driver, REFERENCE)):
+            paper = "shape only" if c.paper is None else f"{c.paper:g}{c.unit}"
+            rows.append(f"| {name[3:]} | {c.what}: {c.measured.fmt(c.unit, 2)} | {paper} |")
+    return "\n".join(rows)
+
+
+def paper_scale() -> str:
+    from experiments.paper_scale import claims_at_scale, published_checks
+
+    claims = ["| claim (paper-v100, 25 MiB) | simulated [lowest, highest] | the paper's |", "|---|---|---|"]
+    claims += [f"| {' | '.join(row)} |" for row in claims_at_scale()]
+    checks = ["| published run (DLPerf, 25 MiB) | simulated | measured | miss |", "|---|---|---|---|"]
+    checks += [f"| {' | '.join(row)} |" for row in published_checks()]
+    return "\n".join(claims) + "\n\n" + "\n".join(checks)
+
+
+def zero() -> str:
+    from experiments import zero as driver
+
+    df = load_results(driver.FIGURE, REFERENCE)
+    return _code(driver.summarize(df, registry.stored_config(driver, REFERENCE)))
+
+
+def stress_summary(out: Path) -> str:
+    """What ``make stress`` stored under ``out``: failures per test, exits per DDP and ending, fresh clones."""
+    parts = []
+    if (out / "tests.csv").exists():
+        t = pd.read_csv(out / "tests.csv")
+        ran = t[t["outcome"] != "skipped"]
+        bad = ran[ran["outcome"] == "failed"].groupby(["test", "hog"]).size().unstack(fill_value=0)
+        quiet, hogged = (t[t["hog"] == h]["run"].nunique() for h in (False, True))
+        parts.append(f"{quiet} quiet runs + {hogged} beside a CPU hog, x {t['file'].nunique()} files: {len(ran)} "
+                     f"test runs, {int((ran['outcome'] == 'failed').sum())} failures")
+        if not bad.empty:
+            parts.append(bad.rename(columns={False: "quiet", True: "hog"}).to_string())
+    if (out / "exit.csv").exists():
+        e = pd.read_csv(out / "exit.csv")
+        table = e.groupby(["impl", "ending"]).agg(
+            runs=("run", "size"), aborted=("aborted", "sum"), failed=("returncode", lambda r: int((r != 0).sum())),
+            threads_left=("ranks_with_threads_left", lambda n: int((n > 0).sum())))
+        parts.append("exit script (runs with a rank aborted / any failure / a rank's Gloo threads alive at exit):\n"
+                     + table.to_string())
+    if (out / "fresh_clones.csv").exists():
+        f = pd.read_csv(out / "fresh_clones.csv")
+        lines = [f"fresh clones, `make test` from scratch: {int((f['returncode'] == 0).sum())} of {len(f)} passed"]
+        for hog, g in f.groupby("hog"):
+            lines.append(f"  {'beside a CPU hog' if hog else 'without a hog'}: {len(g)} runs, "
+                         f"{int(g['failed'].sum())} failed tests, {g['passed'].min()}-{g['passed'].max()} passed "
+                         f"each, {g['seconds'].min()}-{g['seconds'].max()} s each")
+        parts.append("\n".join(lines))
+    return "\n\n".join(parts) or f"nothing stored under {out}"
+
+
+def _ddp_impl_since(commits) -> str:
+    """How the ``ddp_impl`` that measured (commits) differs from today's: '' when it is the same."""
+    changed = set()
+    for commit in set(commits):
+        done = subprocess.run(["git", "diff", "--name-only", commit, "HEAD", "--", "ddp_impl"], cwd=ROOT,
+                              capture_output=True, text=True)
+        if done.returncode != 0:
+            return " (the code that measured it is not in this clone's history)"
+        changed |= {Path(p).name for p in done.stdout.split()}
+    return f" **Measured with an earlier `ddp_impl`**: {', '.join(sorted(changed))} changed since." if changed else ""
+
+
+def bench(folder: str = "") -> str:
+    """``make bench``'s pooled ratios (ours / torch's DDP, and the A/A) stored under ``results/reference/bench/``."""
+    where = REFERENCE / "bench" / folder
+    pooled, points = pd.read_csv(where / "pooled.csv"), pd.read_csv(where / "summary.csv")
+    rows = ["| model | comparison | points x rounds | pooled [95% CI] |", "|---|---|---|---|"]
+    for r in pooled.itertuples():
+        rows.append(f"| {r.model} | {r.comparison} | {r.points} x {r.rounds // r.points} | "
+                    f"{r.pooled_ratio:.3f} [{r.ci_lo:.3f}, {r.ci_hi:.3f}] |")
+    per_point = ", ".join(f"{r.model} {r.bucket_cap_mb:g} MiB {r.paired_ratio:.3f}" for r in points.itertuples())
+    return "\n".join(rows) + f"\n\nPer point, ours / torch (paired): {per_point}." + _ddp_impl_since(
+        points["git_commit"].dropna())
+
+
+def _calibration_note(versions) -> str:
+    from simulator.calibrate import VERSION
+
+    old = sorted({int(v) for v in versions if int(v) != VERSION})
+    return (f" **Stale**: calibration version {', '.join(map(str, old))}, the code is at version {VERSION}; "
+            "`make simval` measures it again.") if old else f" Calibration version {VERSION}, the code's."
+
+
+def _calibration_versions(folder: Path) -> list[int]:
+    import json
+
+    return [json.loads(p.read_text()).get("meta", {}).get("version", 0) for p in folder.glob("*.json")]
+
+
+def simval() -> str:
+    from experiments.simval import summary
+
+    where = REFERENCE / "simval"
+    errors = summary(pd.read_csv(where / "validation.csv"))
+    tuning = pd.read_csv(where / "tuning.csv")
+    lines = ["| model | points | median error % | worst % |", "|---|---|---|---|"]
+    lines += [f"| {m} | {r['points']:.0f} | {r['median']} | {r['worst']} |" for m, r in errors.iterrows()]
+    within = int(tuning["within_goal"].sum())
+    note = (f"\n\nRecommended cap within 2% of the best measured: {within} of {len(tuning)} (model, world size, link);"
+            f" recommended / best {tuning['recommended_over_best'].min():.3f}-{tuning['recommended_over_best'].max():.3f}"
+            f", torch's 25 MiB / best up to {tuning['default_over_best'].max():.3f}.")
+    return "\n".join(lines) + note + _calibration_note(_calibration_versions(where / "calibrations"))
+
+
+def hostval() -> str:
+    from experiments.hostval import summary
+
+    runs = sorted((REFERENCE / "hostval").glob("run*.csv"), key=lambda p: int(p.stem[3:]))
+    table = summary(pd.read_csv(runs[-1]))
+    lines = ["| ranks | cap MiB | buckets | repeats | error % [95% CI] |", "|---|---|---|---|---|"]
+    lines += [f"| {r.world_size} | {r.bucket_cap_mb:g} | {r.buckets} | {r.repeats} | {r.error_pct:+.1f} "
+              f"[{r.ci_lo_pct:+.1f}, {r.ci_hi_pct:+.1f}] |" for r in table.itertuples()]
+    return "\n".join(lines)
+
+
+def gpu_check() -> str:
+    """The stored summary of ``make gpu-check`` (written by it on the GPU machine), headings demoted."""
+    text = (REFERENCE / "gpu-check" / "summary.md").read_text()
+    return re.sub(r"^#", "###", text.strip(), flags=re.M)
+
+
+def run_times() -> str:
+    f = pd.read_csv(REFERENCE / "stress" / "fresh_clones.csv")
+    ok = f[f["returncode"] == 0]
+    text = (f"`make test` from a fresh clone, set-up included: {ok['seconds'].median():.0f} s median, "
+            f"{ok['seconds'].min()}-{ok['seconds'].max()} s over {len(ok)} passing runs.")
+    fig7 = REFERENCE / "stress" / "fig7_clones.csv"
+    if fig7.exists():
+        g = pd.read_csv(fig7)
+        g = g[g["returncode"] == 0]
+        text += (f" `make fig7` from a fresh clone, set-up included: {g['seconds'].median():.0f} s median over "
+                 f"{len(g)} run(s).")
+    return text
+
+
+REGIONS = {
+    **{name: (lambda n=name: figure(n)) for name in ("fig2", "fig6", "fig7", "fig8", "fig9", "fig10", "fig11",
+                                                     "fig12")},
+    "verdicts": verdicts, "paper-scale": paper_scale, "zero": zero, "stress": lambda: _code(stress_summary(REFERENCE / "stress")), "bench": bench,
+    "bench host-bound": lambda: bench("host-bound"), "bench precision": lambda: bench("precision"),
+    "simval": simval, "hostval": hostval, "gpu-check": gpu_check, "run-times": run_times,
+}
+
+
+def render(text: str, where: str = "") -> str:
+    """``text`` with every region's body regenerated; an unknown region name is refused."""
+    def body(m: re.Match) -> str:
+        name = m["name"]
+        if name not in REGIONS:
+            raise ValueError(f"{where}: unknown region {name!r}; known: {', '.join(REGIONS)}")
+        return f"{m[1]}{REGIONS[name]().rstrip()}\n{m[4]}"
+
+    return _REGION.sub(body, text)
+
+
+def update(check: bool = False) -> list[str]:
+    """Rewrite (or with ``check`` only compare) every document's regions; returns the documents that differed."""
+    differ = []
+    for name in DOCUMENTS:
+        path = ROOT / name
+        old = path.read_text()
+        new = render(old, name)
+        if new != old:
+            differ.append(name)
+            if not check:
+                path.write_text(new)
+    return differ
