@@ -112,22 +112,34 @@ def _ddp_impl_since(commits) -> str:
         done = subprocess.run(["git", "diff", "--name-only", commit, "HEAD", "--", "ddp_impl"], cwd=ROOT,
                               capture_output=True, text=True)
         if done.returncode != 0:
-            return " (the code that measured it is not in this clone's history)"
+            return "\n(The code that measured it is not in this clone's history.)"
         changed |= {Path(p).name for p in done.stdout.split()}
-    return f" **Measured with an earlier `ddp_impl`**: {', '.join(sorted(changed))} changed since." if changed else ""
+    return (f"\n**Measured with an earlier `ddp_impl`**: {', '.join(sorted(changed))} changed since."
+            if changed else "")
 
 
-def bench(folder: str = "") -> str:
-    """``make bench``'s pooled ratios (ours / torch's DDP, and the A/A) stored under ``results/reference/bench/``."""
-    where = REFERENCE / "bench" / folder
-    pooled, points = pd.read_csv(where / "pooled.csv"), pd.read_csv(where / "summary.csv")
-    rows = ["| model | comparison | points x rounds | pooled [95% CI] |", "|---|---|---|---|"]
-    for r in pooled.itertuples():
-        rows.append(f"| {r.model} | {r.comparison} | {r.points} x {r.rounds // r.points} | "
-                    f"{r.pooled_ratio:.3f} [{r.ci_lo:.3f}, {r.ci_hi:.3f}] |")
-    per_point = ", ".join(f"{r.model} {r.bucket_cap_mb:g} MiB {r.paired_ratio:.3f}" for r in points.itertuples())
-    return "\n".join(rows) + f"\n\nPer point, ours / torch (paired): {per_point}." + _ddp_impl_since(
-        points["git_commit"].dropna())
+_BENCH_RUNS = {"": "", "precision": "more rounds", "retain": "freed memory retained"}
+
+
+def bench(folders=("", "precision", "retain")) -> str:
+    """``make bench``'s pooled ratios per model (ours, ours with its timing off, and the A/A: all against torch's
+    DDP) and ours / torch per cap, from each of ``folders`` under ``results/reference/bench/``."""
+    rows = ["| model | run | caps x rounds | ours / torch | timing off | A/A | per cap (MiB: ratio) |",
+            "|---|---|---|---|---|---|---|"]
+    commits = []
+    for folder in folders:
+        pooled = pd.read_csv(REFERENCE / "bench" / folder / "pooled.csv")
+        points = pd.read_csv(REFERENCE / "bench" / folder / "summary.csv")
+        commits += points["git_commit"].dropna().tolist()
+        for model, g in pooled.groupby("model", sort=False):
+            ratio = {r.comparison.split(" /")[0]: f"{r.pooled_ratio:.3f} [{r.ci_lo:.3f}, {r.ci_hi:.3f}]"
+                     for r in g.itertuples()}
+            caps = ", ".join(f"{r.bucket_cap_mb:g}: {r.paired_ratio:.3f}"
+                             for r in points[points["model"] == model].itertuples())
+            rows.append(f"| {model} | {_BENCH_RUNS.get(folder, folder)} | {g['points'].iloc[0]} x "
+                        f"{g['rounds'].iloc[0] // g['points'].iloc[0]} | **{ratio['ours']}** | "
+                        f"{ratio['ours_notiming']} | {ratio['torch_b']} | {caps} |")
+    return "\n".join(rows) + "\n" + _ddp_impl_since(commits)
 
 
 def _calibration_note(versions) -> str:
@@ -171,9 +183,20 @@ def hostval() -> str:
 
 
 def gpu_check() -> str:
-    """The stored summary of ``make gpu-check`` (written by it on the GPU machine), headings demoted."""
+    """The stored summary of ``make gpu-check`` (written by it on the GPU machine): the parity verdict, the bench per
+    point and ``predict`` beside fig7; its headings demoted."""
     text = (REFERENCE / "gpu-check" / "summary.md").read_text()
-    return re.sub(r"^#", "###", text.strip(), flags=re.M)
+    head, *sections = re.split(r"^## ", text.strip(), flags=re.M)
+    kept = [head.replace("# gpu-check: ", "On ").strip()]
+    for section in sections:
+        title, _, body = section.partition("\n")
+        tables = [t.strip() for t in re.split(r"\n\s*\n", body) if t.strip()]
+        if title.startswith("1."):
+            kept.append(f"**{title}**: {tables[-1].strip('*')} ({len(tables[0].splitlines()) - 2} cases).")
+        elif title.startswith(("2.", "4.")):
+            kept.append(f"**{title}**\n\n{tables[0]}")
+    bench_rows = pd.read_csv(REFERENCE / "gpu-check" / "bench" / "summary.csv")
+    return "\n\n".join(kept) + "\n" + _ddp_impl_since(bench_rows["git_commit"].dropna())
 
 
 def run_times() -> str:
@@ -190,11 +213,45 @@ def run_times() -> str:
     return text
 
 
+def memory() -> str:
+    """``make bench``'s memory per rank above the model and inputs (``memory.csv``)."""
+    m = pd.read_csv(REFERENCE / "bench" / "memory.csv")
+    m = m[m["variant"] != "local"]
+    rows = ["| model (parameters) | DDP | steady-state extra MB, no view / `gradient_as_bucket_view` | startup peak MB, "
+            "no view / view |", "|---|---|---|---|"]
+    for (model, variant), g in m.groupby(["model", "variant"], sort=False):
+        g = g.set_index("gradient_as_bucket_view")
+        rows.append(f"| {model} ({g['param_mb'].iloc[0]:.1f} MB) | {variant} | {g.loc[False, 'ddp_extra_mb']:+.1f} / "
+                    f"{g.loc[True, 'ddp_extra_mb']:+.1f} | {g.loc[False, 'startup_peak_mb']:.1f} / "
+                    f"{g.loc[True, 'startup_peak_mb']:.1f} |")
+    return "\n".join(rows) + f"\n\nMeasure: {', '.join(sorted(set(m['measure'])))}; cap {m['bucket_cap_mb'].iloc[0]:g} MiB."
+
+
+def ideal() -> str:
+    """Each DDP against its ideal bound, and the page faults an iteration takes (``summary.csv``)."""
+    s = pd.read_csv(REFERENCE / "bench" / "summary.csv")
+    retained = pd.read_csv(REFERENCE / "bench" / "retain" / "summary.csv")
+    faults = s.groupby("model")["faults_torch"].median()
+    return (f"Measured / ideal bound: ours {s['ours_vs_ideal'].min():.2f}-{s['ours_vs_ideal'].max():.2f}, torch's "
+            f"{s['torch_vs_ideal'].min():.2f}-{s['torch_vs_ideal'].max():.2f}; ours minus torch's at most "
+            f"{(s['ours_vs_ideal'] - s['torch_vs_ideal']).max():+.2f}. Minor page faults per measured iteration and "
+            "rank under torch's DDP, median over caps: " + ", ".join(f"{m} {v:,.0f}" for m, v in faults.items())
+            + f"; with freed memory retained: {retained['faults_torch'].max():,.0f} at most.")
+
+
+def machine() -> str:
+    """The machines the committed results ran on, as their rows record them."""
+    frames = [pd.read_csv(p) for p in (REFERENCE / "bench").rglob("summary.csv")]
+    rows = pd.concat(frames, ignore_index=True).dropna(subset=["cpu"])
+    seen = rows.drop_duplicates(["cpu", "cores", "torch_version"])
+    return "\n".join(f"- {r.cpu}, {r.cores:.0f} cores, torch {r.torch_version}" for r in seen.itertuples())
+
+
 REGIONS = {
     **{name: (lambda n=name: figure(n)) for name in ("fig2", "fig6", "fig7", "fig8", "fig9", "fig10", "fig11",
                                                      "fig12")},
     "verdicts": verdicts, "paper-scale": paper_scale, "zero": zero, "stress": lambda: _code(stress_summary(REFERENCE / "stress")), "bench": bench,
-    "bench host-bound": lambda: bench("host-bound"), "bench precision": lambda: bench("precision"),
+    "bench host-bound": lambda: bench(("host-bound",)), "memory": memory, "ideal": ideal, "machine": machine,
     "simval": simval, "hostval": hostval, "gpu-check": gpu_check, "run-times": run_times,
 }
 

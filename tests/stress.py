@@ -7,7 +7,8 @@ and appends every outcome to ``<out>/tests.csv``, ``<out>/exit.csv`` and ``<out>
 interrupted hunt keeps what it ran). ``--summary`` only prints the tables of what ``<out>`` holds. Columns:
 ``tests.csv`` run, hog, file, test, outcome (passed | failed | skipped); ``exit.csv`` run, hog, impl, ending,
 returncode (-1: killed after hanging), aborted, ranks_with_threads_left; ``fresh_clones.csv`` run, hog, returncode,
-seconds, passed, failed, skipped; each also git_commit and torch_version, the code it measured.
+seconds, passed, failed, skipped; ``fig7_clones.csv`` (``--fig7_clones``: the README's main job, ``make fig7``, in a
+fresh clone) run, returncode, seconds; each also git_commit and torch_version, the code it measured.
 
     make stress                                  # 10 runs per file, 30 per ending (hours on 2 cores)
     make stress ARGS="--runs=2 --exit_runs=5 --files=tests/harness/test_harness_launch.py"
@@ -103,15 +104,16 @@ def run_exit_script(impl: str, ending: str) -> dict:
             "ranks_with_threads_left": err.count(LEFT_MARK)}
 
 
-def run_fresh_clone() -> dict:
-    """CI's command in a fresh clone of HEAD with ``../shared`` beside it (when this checkout has one)."""
+def run_fresh_clone(command=("bash", ".ci/run")) -> dict:
+    """``command`` (CI's, by default) in a fresh clone of HEAD with ``../shared`` beside it (when this checkout has
+    one)."""
     with tempfile.TemporaryDirectory() as tmp:
         clone = Path(tmp) / ROOT.name
         subprocess.run(["git", "clone", "-q", str(ROOT), str(clone)], check=True)
         if (ROOT.parent / "shared").is_dir():
             (Path(tmp) / "shared").symlink_to(ROOT.parent / "shared")
         start = time.monotonic()
-        code, out, _ = _run(["bash", ".ci/run"], clone, 5400)  # CI's limit
+        code, out, _ = _run(list(command), clone, 5400)  # CI's limit
         seconds = time.monotonic() - start
     counts = {k: int(n) for n, k in re.findall(r"(\d+) (passed|failed|skipped|errors?)\b", out[-3000:])}
     return {"returncode": -1 if code is None else code, "seconds": round(seconds), "passed": counts.get("passed", 0),
@@ -128,6 +130,8 @@ def main(argv: list[str] | None = None) -> int:
                         "(default 0)")
     parser.add_argument("--hog_clones", type=int, default=0, help="how many of those (the last) run beside a CPU "
                         "hog (default 0)")
+    parser.add_argument("--fig7_clones", type=int, default=0, help="runs of `make fig7` in a fresh clone, timed "
+                        "(default 0)")
     parser.add_argument("--endings", default=",".join(ENDINGS), help=f"the exit script's endings (default: "
                         f"{','.join(ENDINGS)})")
     parser.add_argument("--files", default="", help="comma-separated test files (default: every launching one)")
@@ -135,8 +139,8 @@ def main(argv: list[str] | None = None) -> int:
                         "(default results/stress)")
     parser.add_argument("--summary", action="store_true", help="only print the tables of what --out holds")
     args = parser.parse_args(argv)
-    if min(args.runs, args.exit_runs, args.fresh_clones, args.hog_clones) < 0:
-        parser.error("--runs, --exit_runs, --fresh_clones and --hog_clones must be at least 0")
+    if min(args.runs, args.exit_runs, args.fresh_clones, args.hog_clones, args.fig7_clones) < 0:
+        parser.error("--runs, --exit_runs, --fresh_clones, --hog_clones and --fig7_clones must be at least 0")
     out = Path(args.out)
     if not args.summary:
         files = [Path(f).resolve() for f in args.files.split(",") if f] or launching_files()
@@ -173,6 +177,11 @@ def main(argv: list[str] | None = None) -> int:
             with cpu_hog(hog):
                 result = run_fresh_clone()
             _append(out / "fresh_clones.csv", dict(run=run, hog=hog, **result, **code))
+        for run in range(args.fig7_clones):
+            print(f"[stress] make fig7 in a fresh clone {run + 1}/{args.fig7_clones}", file=sys.stderr, flush=True)
+            result = run_fresh_clone(("make", "fig7"))
+            _append(out / "fig7_clones.csv", dict(run=run, returncode=result["returncode"], seconds=result["seconds"],
+                                                  **code))
     print(summary(out))
     return 0
 
