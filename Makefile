@@ -86,7 +86,8 @@ bench: setup
 gpu-check: setup
 	$(PY) -m experiments.gpu_check $(WS_ARG) $(ARGS)
 
-# The simulator's predictions against fresh measurements (results/simval/, results/figures/simval.png; 3 rounds + a side-by-side tuning check, ~3 h).
+# The simulator's predictions against fresh measurements (results/simval/, results/figures/simval.png; 3 rounds + a
+# side-by-side tuning check, under 45 min; the full grid, ~3 h: ARGS="--nets=1gbit,2gbit,4gbit --world_sizes=3,4").
 simval: setup
 	$(PY) -m experiments.simval $(WS_ARG) $(ARGS)
 
