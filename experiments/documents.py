@@ -106,10 +106,10 @@ def stress_summary(out: Path) -> str:
 
 
 def _ddp_impl_since(commits) -> str:
-    """How the ``ddp_impl`` that measured (commits) differs from today's: '' when it is the same."""
+    """How the ``ddp_impl`` that measured (commits) differs from the one in this working tree: "" when the same."""
     changed = set()
     for commit in set(commits):
-        done = subprocess.run(["git", "diff", "--name-only", commit, "HEAD", "--", "ddp_impl"], cwd=ROOT,
+        done = subprocess.run(["git", "diff", "--name-only", commit, "--", "ddp_impl"], cwd=ROOT,
                               capture_output=True, text=True)
         if done.returncode != 0:
             return "\n(The code that measured it is not in this clone's history.)"
