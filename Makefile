@@ -14,7 +14,7 @@ fig2 fig9 fig10 zero simval hostval: WS_ARG = $(if $(WORLD_SIZE),$(error WORLD_S
 	world sizes; give them as ARGS="--world_sizes=..."))
 gpu-check: WS_ARG = $(if $(WORLD_SIZE),$(error WORLD_SIZE=$(WORLD_SIZE): make gpu-check runs on every visible GPU))
 
-.PHONY: setup test stress clean figures plots report claims timeline bench gpu-check simval hostval tune zero torch-ddp-tests $(FIGURES)
+.PHONY: setup test stress clean figures plots report claims timeline bench bucket-cost gpu-check simval hostval tune zero torch-ddp-tests $(FIGURES)
 
 setup: $(STAMP)
 
@@ -79,6 +79,11 @@ claims: setup
 # Our DDP vs torch's, interleaved, per (model, bucket cap); `make bench ARGS="--models=resnet50 --bucket_caps_mb=25"`.
 bench: setup
 	$(PY) -m experiments.bench $(WS_ARG) $(ARGS)
+
+# Where DDP's cost per bucket goes: ours and torch's at a bucket per gradient beside one bucket, and ours's path step
+# by step beside the floor any Python caller pays (results/bucket_cost/); `make bucket-cost ARGS="--world_size=2"`.
+bucket-cost: setup
+	$(PY) -m experiments.bucket_cost $(ARGS)
 
 # The GPU path in one command on any CUDA machine (~6 min on one H100): ours vs torch's DDP on the device, the bench
 # at world size = GPUs, a fig7 smoke on NCCL, predict beside it -> results/gpu-check/summary.md; without CUDA it

@@ -45,6 +45,11 @@ class BucketStore:
         self._bucket_params = [[self.params[i] for i in b.param_indices] for b in buckets]
         self._deferred_views = [[self.views[i] for i in d] for d in self._deferred]
         self._deferred_params = [[self.params[i] for i in d] for d in self._deferred]
+        self._alone = [False] * len(self.params)  # a bucket's only small gradient: filled by its own multiply
+        for d in self._deferred:
+            if len(d) == 1:
+                self._alone[d[0]] = True
+        self._bucket_groups = [self._group_for(b.index) for b in buckets]
 
     def _group_for(self, bucket_index: int):
         if isinstance(self.group, RoundRobinProcessGroup):

@@ -310,7 +310,7 @@ class DistributedDataParallel(nn.Module, Joinable):
         reducer = getattr(self, "reducer", None)
         if reducer is not None:
             reducer.group = reducer.comm_state = reducer._used_work = None
-            reducer._futures = []
+            reducer._futures, reducer._bucket_groups = [], []
         if self._comm_hook is not None:
             self._comm_hook = (self._comm_hook[0], None)
 

@@ -45,6 +45,7 @@ from .process_groups import RoundRobinProcessGroup
 from .timing import IterationTiming
 from .write_back import WriteBack
 
+_SUM = dist.AllreduceOptions()  # built once: the default (sum), passed so that no call builds its own
 
 
 def hook_accumulators(params: Sequence[torch.Tensor], make_hook: Callable[[int], Callable]) -> tuple[list, list]:
@@ -66,7 +67,7 @@ class Reducer(BucketStore, WriteBack):
         self.names = list(names)
         self.group = group
         self.world_size = world_size
-        self._scale = 1.0 / world_size  # multiply, not divide: bitwise the same averages as torch's reducer
+        self._set_scale(1.0 / world_size)  # multiply, not divide: bitwise the same averages as torch's reducer
         self.cap_bytes, self.first_cap_bytes = cap_bytes, first_cap_bytes
         self.comm_hook: Callable | None = None  # torch's hook API; None: our own averaging allreduce
         self.comm_state = None
@@ -132,6 +133,9 @@ class Reducer(BucketStore, WriteBack):
         self._futures: list = [None] * len(self.buckets)
         # no usage, hook counts or gradient order to record: a hook after the first only readies its gradient
         self._plain = not self.static and self._used is None and self._order is None
+        # and nothing but our allreduce per bucket, launched as soon as it can be: _ready_hot does it all inline
+        self._hot = self._plain and self.comm_hook is None and self.overlap and not self.as_view and (
+            timing is None or timing.bucket_ready is None)
         if self.static:  # the reducer knows the unused parameters itself once the first backward has run
             self._fired = [0] * len(self.params)
             self._unused = self._static_unused
@@ -146,7 +150,9 @@ class Reducer(BucketStore, WriteBack):
             if self is None:
                 return
             if self.expect_hooks:
-                if self._plain and self._started:  # most gradients: nothing to record, straight to the bucket
+                if self._started and self._hot:  # most gradients: nothing to record, straight to the bucket
+                    self._ready_hot(i)
+                elif self._started and self._plain:
                     self._mark_ready(i)
                 else:
                     self._grad_ready(i)
@@ -190,26 +196,66 @@ class Reducer(BucketStore, WriteBack):
         self._finalize()
 
     def _mark_ready(self, i: int) -> None:
-        if self._ready[i]:
+        ready = self._ready
+        if ready[i]:
             raise RuntimeError(
                 f"parameter {self.names[i]} received its gradient twice in one backward, or it was taken as unused "
                 "by find_unused_parameters (no tensor of the forward's output reaches it: is the output a type "
                 "whose tensors cannot be found, or is the parameter behind reentrant checkpointing?); this DDP "
                 "supports one backward per forward and no parameter used by two separate backward passes")
-        self._ready[i] = True
+        ready[i] = True
         if self._eager[i]:  # large: copied now, while backward computes the rest
             self._fill_one(i, self.params[i].grad, self._scale if self.comm_hook is None else None)
         b = self.bucket_of[i]
-        self._pending[b] -= 1
-        if self._pending[b] == 0:
+        left = self._pending[b] - 1
+        self._pending[b] = left
+        if left:
+            return
+        self._fill(b)
+        timing = self.timing
+        if timing is not None and timing.bucket_ready is not None:
+            timing.bucket_ready[b] = timing.clock.stamp()
+        self._buckets_left -= 1
+        if self.overlap and b == self._next_launch:  # a bucket ready before those ahead of it waits for them
+            self._launch_ready()
+        if not self._buckets_left and not self._finalize_inline:  # on the backward running now, which
+            Variable._execution_engine.queue_callback(self._finalize)  # may be a reentrant one
+
+    def _ready_hot(self, i: int) -> None:
+        """:meth:`_mark_ready` for the common case (``_hot``: only readiness to track, our allreduce, overlap, no
+        trace, ``.grad`` not a view), inline: per bucket what any Python caller pays (a multiply into the bucket, the
+        allreduce's launch) and the count of what is ready. On a fast GPU the host's time per bucket is the
+        iteration's (``make bucket-cost``)."""
+        ready = self._ready
+        if ready[i]:
+            self._mark_ready(i)  # raises
+        ready[i] = True
+        if self._eager[i] or self._alone[i]:  # large, or its bucket's only small gradient: one multiply, now
+            grad = self.params[i].grad
+            try:
+                torch.mul(grad, self._param_factors[i], out=self.views[i])
+            except (TypeError, RuntimeError):  # no gradient, a sparse one, create_graph: the rarer cases
+                self._fill_one(i, grad, self._scale)
+        b = self.bucket_of[i]
+        left = self._pending[b] - 1
+        self._pending[b] = left
+        if left:
+            return
+        if len(self._deferred[b]) > 1:  # its small gradients, in one fused copy
             self._fill(b)
-            if self.timing is not None and self.timing.bucket_ready is not None:
-                self.timing.bucket_ready[b] = self.timing.clock.stamp()
-            self._buckets_left -= 1
-            if self.overlap:
-                self._launch_ready()
-            if self._buckets_left == 0 and not self._finalize_inline:  # on the backward running now, which
-                Variable._execution_engine.queue_callback(self._finalize)  # may be a reentrant one
+        self._buckets_left -= 1
+        if b == self._next_launch:  # launch it and every ready one after it, in order
+            pending, last, timing = self._pending, len(self._pending), self.timing
+            while True:
+                if timing is not None and (b == 0 or timing.per_bucket):
+                    timing.bucket_launch[b] = timing.clock.stamp()
+                self._futures[b] = self._bucket_groups[b].allreduce([self.flats[b]], _SUM)
+                b += 1
+                if b == last or pending[b]:
+                    break
+            self._next_launch = b
+        if not self._buckets_left:
+            Variable._execution_engine.queue_callback(self._finalize)
 
     def _fill(self, b: int) -> None:
         """Bucket ``b``'s small gradients, once all are final, into its flat tensor, averaged unless a comm hook
@@ -219,8 +265,11 @@ class Reducer(BucketStore, WriteBack):
         params = self._deferred_params[b]
         if not params:
             return
-        grads = [p.grad for p in params]
         scale = self._scale if self.comm_hook is None else None
+        if len(params) == 1:  # one small gradient: one multiply into the bucket, not a fused copy and multiply
+            self._fill_one(self._deferred[b][0], params[0].grad, scale)
+            return
+        grads = [p.grad for p in params]
         if self.as_view or any(g is None or g.requires_grad or g.is_sparse for g in grads):
             for i, grad in zip(self._deferred[b], grads):
                 self._fill_one(i, grad, scale)
@@ -230,8 +279,15 @@ class Reducer(BucketStore, WriteBack):
             torch._foreach_mul_(self._deferred_runs[b], scale)
 
     def _fill_one(self, i: int, grad: torch.Tensor | None, scale: float | None) -> None:
-        """The rarer cases, one gradient at a time: none yet, sparse, ``create_graph``, ``.grad`` as a view."""
+        """One gradient into its bucket, averaged unless a comm hook averages: a large one as soon as it is final, a
+        bucket's only small one, and the rarer cases (none yet, sparse, ``create_graph``, ``.grad`` as a view)."""
         view = self.views[i]
+        if grad is not None and not (self.as_view or grad.requires_grad or grad.is_sparse):  # the common case
+            if scale is None:
+                view.copy_(grad)
+            else:
+                torch.mul(grad, self._factors.get(grad.dtype, scale), out=view)
+            return
         if grad is None:
             view.zero_()
         elif grad.is_sparse:
@@ -241,6 +297,8 @@ class Reducer(BucketStore, WriteBack):
             if grad.requires_grad:  # backward(create_graph=True): average the values, not the graph (as torch)
                 self._warn_create_graph()
                 grad = grad.detach()
+            if scale is not None:
+                scale = self._factors.get(grad.dtype, scale)
             if self.as_view and grad.data_ptr() == view.data_ptr():
                 if scale is not None:
                     grad.mul_(scale)
@@ -260,23 +318,29 @@ class Reducer(BucketStore, WriteBack):
                           stacklevel=3)
 
     def _launch_ready(self) -> None:
-        while self._next_launch < len(self.buckets) and self._pending[self._next_launch] == 0:
-            self._launch(self._next_launch)
-            self._next_launch += 1
-        if self._next_launch == len(self.buckets) and self._used is not None:
+        pending, last, b = self._pending, len(self.buckets), self._next_launch
+        while b < last and not pending[b]:
+            self._launch(b)
+            b += 1
+            self._next_launch = b
+        if b == last and self._used is not None:
             self._launch_used_map()
 
     def _launch(self, b: int) -> None:
         timing = self.timing
         if timing is not None and (b == 0 or timing.per_bucket):
             timing.bucket_launch[b] = timing.clock.stamp()
+        traced = timing is not None and timing.bucket_done is not None
+        if self.comm_hook is None and not traced:  # the collective's own work: in place, no future to build
+            self._futures[b] = self._group_for(b).allreduce([self.flats[b]], _SUM)
+            return
         self._futures[b] = self._reduce(b, self.flats[b], self._bucket_views[b])
-        if timing is not None and timing.bucket_done is not None:
+        if traced:
             self._futures[b].add_done_callback(timing.stamp_done(b))
 
     def _reduce(self, b: int, flat: torch.Tensor, views: list[torch.Tensor]) -> torch.futures.Future:
         if self.comm_hook is None:  # in place on the ProcessGroup itself, as torch's C++ reducer does
-            return self._group_for(b).allreduce([flat]).get_future()
+            return self._group_for(b).allreduce([flat], _SUM).get_future()
         state = self.comm_state
         if isinstance(state, RoundRobinProcessGroup):
             state = state.group_for(b)
@@ -285,7 +349,14 @@ class Reducer(BucketStore, WriteBack):
     # ---- uneven inputs (``join``) ---------------------------------------------------------------------
     def set_divisor(self, ranks: int) -> None:
         """Average this iteration's gradients over ``ranks`` (the ranks still training, in a join context)."""
-        self._scale = 1.0 / ranks
+        self._set_scale(1.0 / ranks)
+
+    def _set_scale(self, scale: float) -> None:
+        self._scale = scale
+        # the factor also as a 0-dim tensor per dtype: a multiply by it costs half as much to issue as one by a
+        # Python number, and rounds as torch's does (float32/float64: to the gradient's dtype; others use the number)
+        self._factors = {d: torch.tensor(scale, dtype=d) for d in (torch.float32, torch.float64)}
+        self._param_factors = [self._factors.get(p.dtype, scale) for p in self.params]  # autograd keeps the dtype
 
     @property
     def static_graph_pending(self) -> bool:

@@ -3,6 +3,7 @@ back into ``.grad`` while later buckets are still in flight."""
 from __future__ import annotations
 
 import torch
+import torch.distributed as dist
 
 
 class WriteBack:
@@ -20,6 +21,8 @@ class WriteBack:
         if not self.overlap:
             self._launch_ready()
         futures, self._futures = self._futures, []  # their values hold the buckets: not kept past this iteration
+        # a collective's own work (in place on the bucket: nothing to copy) or a future (a comm hook's, or traced)
+        in_place = [isinstance(f, dist.Work) for f in futures]
         # The common case: each bucket goes back to .grad as soon as it is reduced, while later buckets are still
         # in flight. Views, unused-parameter detection and missing .grad go through _write_back at the end.
         grads = None
@@ -30,7 +33,7 @@ class WriteBack:
         per_bucket = timing is not None and timing.per_bucket
         if per_bucket:  # finish stamped here, not by a callback on the comm thread; on the host clock a bucket
             # already done now reads as done now, not after the write-back of the buckets before it
-            done = [timing.clock.on_host and f.done() for f in futures]
+            done = [timing.clock.on_host and (f.is_completed() if w else f.done()) for f, w in zip(futures, in_place)]
             timing.comm_end = now = timing.clock.stamp()
         with torch.no_grad():  # with create_graph=True this runs in grad mode: the copies are not part of it
             for b, f in enumerate(futures):
@@ -46,12 +49,17 @@ class WriteBack:
                         # the completion callback runs just after the future is marked done and may not have
                         # run yet: the wait's own stamp is then the closest bound
                         timing.bucket_done[b] = timing.bucket_finish[b]
-                if isinstance(value, list):  # a collective's own future: [reduced tensor]
-                    value = value[0]
-                if value is not self.flats[b]:
-                    self.flats[b].copy_(value)
+                if not in_place[b]:
+                    if isinstance(value, list):  # a collective's own future: [reduced tensor]
+                        value = value[0]
+                    if value is not self.flats[b]:
+                        self.flats[b].copy_(value)
                 if grads is not None:
-                    torch._foreach_copy_([grads[i] for i in self.buckets[b].param_indices], self._bucket_views[b])
+                    views = self._bucket_views[b]
+                    if len(views) == 1:  # a bucket of one gradient: a plain copy costs less to issue
+                        grads[self.buckets[b].param_indices[0]].copy_(views[0])
+                    else:
+                        torch._foreach_copy_([grads[i] for i in self.buckets[b].param_indices], views)
             if grads is None:
                 unused_everywhere = set(self._static_skip)
                 if self._used_work is not None:

@@ -53,6 +53,9 @@ class BenchConfig:
     # the models (harness.models); tiny-layers, many tiny gradients, measures DDP's host cost
     models: tuple[str, ...] = ("resnet50", "bert-base", "tiny-layers")
     bucket_caps_mb: tuple[float, ...] = (1.0, 5.0, 25.0, 100.0)  # DDP bucket caps (MiB), a point per model each
+    # models measured at cap 0 too: a bucket per gradient, where what DDP pays per bucket is the iteration (pooled
+    # apart, as "<model>, a bucket per gradient")
+    per_gradient_models: tuple[str, ...] = ("tiny-layers",)  # models also measured at cap 0 (a bucket per gradient)
     iters: int = 20  # measured rounds (one iteration of every variant each)
     warmup: int = 3  # rounds before measuring; >= 2 so both DDPs have rebuilt their buckets
     world_size: int = 0  # ranks; 0: torchrun's, else every visible GPU with NCCL (one is enough), else 2
@@ -73,7 +76,7 @@ class BenchConfig:
 def validate_bench(cfg: BenchConfig) -> BenchConfig:
     """Check ``cfg`` before anything is spawned; returns it with ``auto`` profile and backend made concrete."""
     profile, backend = auto_profile_backend(cfg.profile, cfg.backend)
-    choices = [("model", m, MODELS) for m in cfg.models] + [
+    choices = [("model", m, MODELS) for m in (*cfg.models, *cfg.per_gradient_models)] + [
         ("profile", profile, PROFILES), ("backend", backend, BACKENDS), ("malloc", cfg.malloc, tuple(MALLOC_ENV))]
     for name, value, allowed in choices:
         if value not in allowed:
@@ -227,13 +230,23 @@ def summarize_point(samples: pd.DataFrame) -> dict:
     )
 
 
+PER_GRADIENT = ", a bucket per gradient"  # cap 0's points, pooled apart from the model's other caps
+
+
+def caps_of(name: str, cfg: BenchConfig) -> tuple[float, ...]:
+    """The caps a model is measured at: ``bucket_caps_mb``, and 0 for ``per_gradient_models``."""
+    extra = (0.0,) if name in cfg.per_gradient_models and 0 not in cfg.bucket_caps_mb else ()
+    return (*cfg.bucket_caps_mb, *extra)
+
+
 def pooled(samples: pd.DataFrame, seed: int = 0) -> pd.DataFrame:
     """One number per model and comparison: its caps pooled (geometric mean of each point's median per-round
-    ratio, harness.stats). Comparisons: ours and ours_notiming against both torch copies, and the A/A control
+    ratio, harness.stats), cap 0 (a bucket per gradient, what DDP pays per bucket) apart from the others. Comparisons: ours and ours_notiming against both torch copies, and the A/A control
     torch_b / torch (what no difference looks like)."""
     rng = np.random.default_rng(seed)
     rows = []
-    for name, by_model in samples.groupby("model", sort=False):
+    regime = samples["model"].where(samples["bucket_cap_mb"] > 0, samples["model"] + PER_GRADIENT)
+    for name, by_model in samples.groupby(regime, sort=False):
         points = [_rounds(g) for _, g in by_model.groupby("bucket_cap_mb")]
         for variant, reference in (("ours", "both"), ("ours_notiming", "both"), ("torch_b", "torch")):
             per_point = [_per_round(r, variant, reference) for r in points]
@@ -260,7 +273,7 @@ def run_bench(cfg: BenchConfig) -> dict[str, pd.DataFrame]:
                 world_size=cfg.world_size)
     all_samples, summary, memory = [], [], []
     for name in cfg.models:
-        for cap in cfg.bucket_caps_mb if cfg.latency else ():
+        for cap in caps_of(name, cfg) if cfg.latency else ():
             started = datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")
             load_before, t0 = _load(), time.monotonic()
             ranks = launch(latency_job, cfg.world_size, cfg.backend, args=(name, cap, cfg),

@@ -20,6 +20,7 @@ from pathlib import Path
 import pandas as pd
 
 from experiments import registry
+from experiments.bench import PER_GRADIENT
 from harness import load_results
 from harness.results import REFERENCE, REPO_ROOT as ROOT
 
@@ -105,6 +106,25 @@ def stress_summary(out: Path) -> str:
     return "\n\n".join(parts) or f"nothing stored under {out}"
 
 
+def stress() -> str:
+    """``make stress``'s exit script per ending (ours beside torch's DDP) and its fresh clones, as stored."""
+    where = REFERENCE / "stress"
+    e = pd.read_csv(where / "exit.csv")
+    counts = e.groupby(["ending", "impl"]).agg(
+        runs=("run", "size"), aborted=("aborted", "sum"), failed=("returncode", lambda r: int((r != 0).sum())),
+        left=("ranks_with_threads_left", lambda n: int((n > 0).sum())))
+    rows = ["| ending | ours: runs, aborted, failed, Gloo threads left | torch's DDP: the same |", "|---|---|---|"]
+    for ending, g in counts.groupby(level="ending"):
+        cells = [", ".join(str(int(v)) for v in g.xs(impl, level="impl").iloc[0]) for impl in ("ours", "torch")]
+        rows.append(f"| {ending} | {cells[0]} | {cells[1]} |")
+    f = pd.read_csv(where / "fresh_clones.csv")
+    clones = [f"Fresh clones, CI's `make test` from scratch: {int((f['returncode'] == 0).sum())} of {len(f)} passed"]
+    for hog, g in f.groupby("hog"):
+        clones.append(f"{'beside a CPU hog' if hog else 'without a hog'} {int((g['returncode'] == 0).sum())} of "
+                      f"{len(g)} ({g['seconds'].min()}-{g['seconds'].max()} s, {int(g['failed'].sum())} failed tests)")
+    return "\n".join(rows) + "\n\n" + "; ".join(clones) + "."
+
+
 def _ddp_impl_since(commits) -> str:
     """How the ``ddp_impl`` that measured (commits) differs from the one in this working tree: "" when the same."""
     changed = set()
@@ -134,12 +154,35 @@ def bench(folders=("", "precision", "retain")) -> str:
         for model, g in pooled.groupby("model", sort=False):
             ratio = {r.comparison.split(" /")[0]: f"{r.pooled_ratio:.3f} [{r.ci_lo:.3f}, {r.ci_hi:.3f}]"
                      for r in g.itertuples()}
-            caps = ", ".join(f"{r.bucket_cap_mb:g}: {r.paired_ratio:.3f}"
-                             for r in points[points["model"] == model].itertuples())
+            base = model.removesuffix(PER_GRADIENT)
+            mine = points[(points["model"] == base) & ((points["bucket_cap_mb"] == 0) == (model != base))]
+            caps = ", ".join(f"{r.bucket_cap_mb:g}: {r.paired_ratio:.3f}" for r in mine.itertuples())
             rows.append(f"| {model} | {_BENCH_RUNS.get(folder, folder)} | {g['points'].iloc[0]} x "
                         f"{g['rounds'].iloc[0] // g['points'].iloc[0]} | **{ratio['ours']}** | "
                         f"{ratio['ours_notiming']} | {ratio['torch_b']} | {caps} |")
     return "\n".join(rows) + "\n" + _ddp_impl_since(commits)
+
+
+def bucket_cost() -> str:
+    """``python -m experiments.bucket_cost``: each DDP's cost per bucket, and ours's path step by step."""
+    where = REFERENCE / "bucket_cost"
+    per, steps = pd.read_csv(where / "per_bucket.csv"), pd.read_csv(where / "steps.csv")
+    rows = ["| ranks | DDP | us per added bucket [95% CI] | us over no DDP, per bucket | iteration / torch's, a bucket "
+            "per gradient [95% CI] |", "|---|---|---|---|---|"]
+    rows += [f"| {r.world_size} | {r.ddp} | {r.us_per_bucket:.2f} [{r.ci_lo:.2f}, {r.ci_hi:.2f}] | "
+             f"{r.us_over_local_per_bucket:.2f} | {r.over_torch:.3f} [{r.over_torch_lo:.3f}, {r.over_torch_hi:.3f}] |"
+             for r in per.itertuples()]
+    table = ["| ranks | step, alone | us per bucket [95% CI] |", "|---|---|---|"]
+    table += [f"| {r.world_size} | {r.step} | {r.us_per_bucket:.2f} [{r.ci_lo:.2f}, {r.ci_hi:.2f}] |"
+              for r in steps.itertuples()]
+    rest = []
+    for ws, g in steps.groupby("world_size"):
+        ours = per[(per["world_size"] == ws) & (per["ddp"] == "ours")]["us_per_bucket"].iloc[0]
+        rest.append(f"{ws} rank(s): {ours - g['us_per_bucket'].sum():.2f} us")
+    buckets = per["buckets"].iloc[0]
+    return ("\n".join(rows) + "\n\n" + "\n".join(table) + f"\n\n{per['model'].iloc[0]}, {buckets} buckets at cap 0. "
+            f"Ours's cost per added bucket less the three steps (its Python bookkeeping): {'; '.join(rest)}."
+            + _ddp_impl_since(per["git_commit"].dropna()))
 
 
 def _calibration_note(versions) -> str:
@@ -164,10 +207,15 @@ def simval() -> str:
     tuning = pd.read_csv(where / "tuning.csv")
     lines = ["| model | points | median error % | worst % |", "|---|---|---|---|"]
     lines += [f"| {m} | {r['points']:.0f} | {r['median']} | {r['worst']} |" for m, r in errors.iterrows()]
+    validation = pd.read_csv(where / "validation.csv")
+    grid = "; ".join(f"{m}: {len(g)} points at {', '.join(sorted(g['net'].unique()))} and "
+                     f"{', '.join(str(w) for w in sorted(g['world_size'].unique()))} ranks, {g['rounds'].max()} rounds"
+                     for m, g in validation.groupby("model"))
     within = int(tuning["within_goal"].sum())
-    note = (f"\n\nRecommended cap within 2% of the best measured: {within} of {len(tuning)} (model, world size, link);"
-            f" recommended / best {tuning['recommended_over_best'].min():.3f}-{tuning['recommended_over_best'].max():.3f}"
-            f", torch's 25 MiB / best up to {tuning['default_over_best'].max():.3f}.")
+    ratio = tuning["confirmed_over_best"].fillna(tuning["recommended_over_best"])  # side by side where measured
+    note = (f"\n\nGrid: {grid}. Recommended cap within 2% of the best measured: {within} of {len(tuning)} (model, "
+            f"world size, link); recommended / best {ratio.min():.3f}-{ratio.max():.3f} (side by side where they "
+            f"differ), torch's 25 MiB / best up to {tuning['default_over_best'].max():.3f}.")
     return "\n".join(lines) + note + _calibration_note(_calibration_versions(where / "calibrations"))
 
 
@@ -236,7 +284,8 @@ def ideal() -> str:
             f"{s['torch_vs_ideal'].min():.2f}-{s['torch_vs_ideal'].max():.2f}; ours minus torch's at most "
             f"{(s['ours_vs_ideal'] - s['torch_vs_ideal']).max():+.2f}. Minor page faults per measured iteration and "
             "rank under torch's DDP, median over caps: " + ", ".join(f"{m} {v:,.0f}" for m, v in faults.items())
-            + f"; with freed memory retained: {retained['faults_torch'].max():,.0f} at most.")
+            + "; with freed memory retained, any DDP, any cap: "
+            f"{retained[['faults_ours', 'faults_torch', 'faults_torch_b']].max().max():,.0f} at most.")
 
 
 def machine() -> str:
@@ -250,9 +299,9 @@ def machine() -> str:
 REGIONS = {
     **{name: (lambda n=name: figure(n)) for name in ("fig2", "fig6", "fig7", "fig8", "fig9", "fig10", "fig11",
                                                      "fig12")},
-    "verdicts": verdicts, "paper-scale": paper_scale, "zero": zero, "stress": lambda: _code(stress_summary(REFERENCE / "stress")), "bench": bench,
+    "verdicts": verdicts, "paper-scale": paper_scale, "zero": zero, "stress": stress, "bench": bench,
     "bench host-bound": lambda: bench(("host-bound",)), "memory": memory, "ideal": ideal, "machine": machine,
-    "simval": simval, "hostval": hostval, "gpu-check": gpu_check, "run-times": run_times,
+    "simval": simval, "bucket-cost": bucket_cost, "hostval": hostval, "gpu-check": gpu_check, "run-times": run_times,
 }
 
 
