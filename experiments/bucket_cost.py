@@ -16,7 +16,10 @@ bucket, the steps in a random order per round:
 
 ``floor`` is also a variant of the iterations: :class:`FloorDDP`, the least a DDP in Python does per bucket. Ours's
 cost per bucket less the three steps is its Python bookkeeping (hooks to launch, the end of backward). Writes
-``<results>/bucket_cost/per_bucket.csv`` and ``steps.csv``; ``make report`` shows the committed ones.
+``<results>/bucket_cost/per_bucket.csv`` (per world size and DDP: ``us_per_bucket`` with ``ci_lo/hi``,
+``us_over_local_per_bucket``, ``over_torch`` and ``over_floor`` with their intervals, ``buckets``) and ``steps.csv``
+(per world size and step: ``us_per_bucket``, ``ci_lo/hi``), each row with the model, rounds, commit and machine; a
+run replaces its world size's rows. ``make report`` shows the committed ones.
 """
 from __future__ import annotations
 

@@ -125,32 +125,39 @@ def stress() -> str:
     return "\n".join(rows) + "\n\n" + "; ".join(clones) + "."
 
 
+def _stale(commits: pd.Series) -> str:
+    """A closing line when the rows' ``ddp_impl`` is not today's; '' when it is."""
+    since = _ddp_impl_since(commits.dropna())
+    return f"\n\n**All of the above**: {since}." if since else ""
+
+
 def _ddp_impl_since(commits) -> str:
     """How the ``ddp_impl`` that measured (commits) differs from the one in this working tree: "" when the same."""
     changed = set()
-    for commit in set(commits):
+    for commit in {c.removesuffix("+dirty") for c in commits}:  # a tree with changes: compared from its commit
         done = subprocess.run(["git", "diff", "--name-only", commit, "--", "ddp_impl"], cwd=ROOT,
                               capture_output=True, text=True)
         if done.returncode != 0:
-            return "\n(The code that measured it is not in this clone's history.)"
+            return "measured by code that is not in this clone's history"
         changed |= {Path(p).name for p in done.stdout.split()}
-    return (f"\n**Measured with an earlier `ddp_impl`**: {', '.join(sorted(changed))} changed since."
-            if changed else "")
+    return f"measured with an earlier `ddp_impl` ({', '.join(sorted(changed))} changed since)" if changed else ""
 
 
-_BENCH_RUNS = {"": "", "precision": "more rounds", "retain": "freed memory retained"}
+_BENCH_RUNS = {"": "", "retain": "freed memory retained"}
 
 
-def bench(folders=("", "precision", "retain")) -> str:
+def bench(folders=("", "retain")) -> str:
     """``make bench``'s pooled ratios per model (ours, ours with its timing off, and the A/A: all against torch's
     DDP) and ours / torch per cap, from each of ``folders`` under ``results/reference/bench/``."""
     rows = ["| model | run | caps x rounds | ours / torch | timing off | A/A | per cap (MiB: ratio) |",
             "|---|---|---|---|---|---|---|"]
-    commits = []
+    stale = []
     for folder in folders:
         pooled = pd.read_csv(REFERENCE / "bench" / folder / "pooled.csv")
         points = pd.read_csv(REFERENCE / "bench" / folder / "summary.csv")
-        commits += points["git_commit"].dropna().tolist()
+        since = _ddp_impl_since(points["git_commit"].dropna())
+        if since:
+            stale.append(f"**{(_BENCH_RUNS.get(folder, folder) or 'the default run').capitalize()}**: {since}.")
         for model, g in pooled.groupby("model", sort=False):
             ratio = {r.comparison.split(" /")[0]: f"{r.pooled_ratio:.3f} [{r.ci_lo:.3f}, {r.ci_hi:.3f}]"
                      for r in g.itertuples()}
@@ -160,7 +167,7 @@ def bench(folders=("", "precision", "retain")) -> str:
             rows.append(f"| {model} | {_BENCH_RUNS.get(folder, folder)} | {g['points'].iloc[0]} x "
                         f"{g['rounds'].iloc[0] // g['points'].iloc[0]} | **{ratio['ours']}** | "
                         f"{ratio['ours_notiming']} | {ratio['torch_b']} | {caps} |")
-    return "\n".join(rows) + "\n" + _ddp_impl_since(commits)
+    return "\n".join(rows) + "".join(f"\n\n{s}" for s in stale)
 
 
 def bucket_cost() -> str:
@@ -174,15 +181,13 @@ def bucket_cost() -> str:
              for r in per.itertuples()]
     table = ["| ranks | step, alone | us per bucket [95% CI] |", "|---|---|---|"]
     table += [f"| {r.world_size} | {r.step} | {r.us_per_bucket:.2f} [{r.ci_lo:.2f}, {r.ci_hi:.2f}] |"
-              for r in steps.itertuples()]
-    rest = []
-    for ws, g in steps.groupby("world_size"):
-        ours = per[(per["world_size"] == ws) & (per["ddp"] == "ours")]["us_per_bucket"].iloc[0]
-        rest.append(f"{ws} rank(s): {ours - g['us_per_bucket'].sum():.2f} us")
-    buckets = per["buckets"].iloc[0]
-    return ("\n".join(rows) + "\n\n" + "\n".join(table) + f"\n\n{per['model'].iloc[0]}, {buckets} buckets at cap 0. "
-            f"Ours's cost per added bucket less the three steps (its Python bookkeeping): {'; '.join(rest)}."
-            + _ddp_impl_since(per["git_commit"].dropna()))
+              for r in steps[steps["world_size"] == 1].itertuples()]  # at 2 ranks the floor is the link's
+    one = per[(per["world_size"] == 1) & (per["ddp"] == "ours")]["us_per_bucket"]
+    alone = steps[steps["world_size"] == 1]["us_per_bucket"].sum()
+    rest = (f" At 1 rank, ours's cost per added bucket less the three steps alone (its Python bookkeeping, and what "
+            f"the steps cost more inside backward): {one.iloc[0] - alone:.2f} us." if len(one) else "")
+    return ("\n".join(rows) + "\n\n" + "\n".join(table) + f"\n\n{per['model'].iloc[0]}, {per['buckets'].iloc[0]} "
+            f"buckets at cap 0.{rest}" + _stale(per["git_commit"]))
 
 
 def _calibration_note(versions) -> str:
@@ -244,7 +249,7 @@ def gpu_check() -> str:
         elif title.startswith(("2.", "4.")):
             kept.append(f"**{title}**\n\n{tables[0]}")
     bench_rows = pd.read_csv(REFERENCE / "gpu-check" / "bench" / "summary.csv")
-    return "\n\n".join(kept) + "\n" + _ddp_impl_since(bench_rows["git_commit"].dropna())
+    return "\n\n".join(kept) + _stale(bench_rows["git_commit"])
 
 
 def run_times() -> str:
@@ -272,12 +277,13 @@ def memory() -> str:
         rows.append(f"| {model} ({g['param_mb'].iloc[0]:.1f} MB) | {variant} | {g.loc[False, 'ddp_extra_mb']:+.1f} / "
                     f"{g.loc[True, 'ddp_extra_mb']:+.1f} | {g.loc[False, 'startup_peak_mb']:.1f} / "
                     f"{g.loc[True, 'startup_peak_mb']:.1f} |")
-    return "\n".join(rows) + f"\n\nMeasure: {', '.join(sorted(set(m['measure'])))}; cap {m['bucket_cap_mb'].iloc[0]:g} MiB."
+    return "\n".join(rows)
 
 
 def ideal() -> str:
     """Each DDP against its ideal bound, and the page faults an iteration takes (``summary.csv``)."""
     s = pd.read_csv(REFERENCE / "bench" / "summary.csv")
+    s = s[s["model"].isin(["resnet50", "bert-base"])]  # where the bound's all-reduce is the gradient's volume
     retained = pd.read_csv(REFERENCE / "bench" / "retain" / "summary.csv")
     faults = s.groupby("model")["faults_torch"].median()
     return (f"Measured / ideal bound: ours {s['ours_vs_ideal'].min():.2f}-{s['ours_vs_ideal'].max():.2f}, torch's "
