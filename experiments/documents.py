@@ -32,10 +32,6 @@ def _code(text: str) -> str:
     return f"```\n{text.rstrip()}\n```"
 
 
-def _indented(text: str) -> str:
-    return "\n".join(f"    {line}" if line else "" for line in text.rstrip().splitlines())
-
-
 def figure(name: str) -> str:
     """A figure's section: its title, the committed picture, the paper's claim and what was measured."""
     driver = registry.drivers()[name]
@@ -74,36 +70,6 @@ def zero() -> str:
 
     df = load_results(driver.FIGURE, REFERENCE)
     return _code(driver.summarize(df, registry.stored_config(driver, REFERENCE)))
-
-
-def stress_summary(out: Path) -> str:
-    """What ``make stress`` stored under ``out``: failures per test, exits per DDP and ending, fresh clones."""
-    parts = []
-    if (out / "tests.csv").exists():
-        t = pd.read_csv(out / "tests.csv")
-        ran = t[t["outcome"] != "skipped"]
-        bad = ran[ran["outcome"] == "failed"].groupby(["test", "hog"]).size().unstack(fill_value=0)
-        quiet, hogged = (t[t["hog"] == h]["run"].nunique() for h in (False, True))
-        parts.append(f"{quiet} quiet runs + {hogged} beside a CPU hog, x {t['file'].nunique()} files: {len(ran)} "
-                     f"test runs, {int((ran['outcome'] == 'failed').sum())} failures")
-        if not bad.empty:
-            parts.append(bad.rename(columns={False: "quiet", True: "hog"}).to_string())
-    if (out / "exit.csv").exists():
-        e = pd.read_csv(out / "exit.csv")
-        table = e.groupby(["impl", "ending"]).agg(
-            runs=("run", "size"), aborted=("aborted", "sum"), failed=("returncode", lambda r: int((r != 0).sum())),
-            threads_left=("ranks_with_threads_left", lambda n: int((n > 0).sum())))
-        parts.append("exit script (runs with a rank aborted / any failure / a rank's Gloo threads alive at exit):\n"
-                     + table.to_string())
-    if (out / "fresh_clones.csv").exists():
-        f = pd.read_csv(out / "fresh_clones.csv")
-        lines = [f"fresh clones, `make test` from scratch: {int((f['returncode'] == 0).sum())} of {len(f)} passed"]
-        for hog, g in f.groupby("hog"):
-            lines.append(f"  {'beside a CPU hog' if hog else 'without a hog'}: {len(g)} runs, "
-                         f"{int(g['failed'].sum())} failed tests, {g['passed'].min()}-{g['passed'].max()} passed "
-                         f"each, {g['seconds'].min()}-{g['seconds'].max()} s each")
-        parts.append("\n".join(lines))
-    return "\n\n".join(parts) or f"nothing stored under {out}"
 
 
 def stress() -> str:

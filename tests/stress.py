@@ -29,9 +29,9 @@ import time
 import xml.etree.ElementTree as ET
 from pathlib import Path
 
+import pandas as pd
 import torch
 
-from experiments.documents import stress_summary as summary
 from harness.results import git_commit
 from tests.ddp_impl.exit_script import ENDINGS, LEFT_MARK
 
@@ -119,6 +119,41 @@ def run_fresh_clone(command=("bash", ".ci/run")) -> dict:
     return {"returncode": -1 if code is None else code, "seconds": round(seconds), "passed": counts.get("passed", 0),
             "failed": counts.get("failed", 0) + counts.get("error", 0) + counts.get("errors", 0),
             "skipped": counts.get("skipped", 0)}
+
+
+def summary(out: Path) -> str:
+    """The two tables of what ``out`` holds: failures per test, and exits per DDP and ending."""
+    parts = []
+    if (out / "tests.csv").exists():
+        t = pd.read_csv(out / "tests.csv")
+        ran = t[t["outcome"] != "skipped"]
+        bad = ran[ran["outcome"] == "failed"].groupby(["test", "hog"]).size().unstack(fill_value=0)
+        quiet, hogged = (t[t["hog"] == h]["run"].nunique() for h in (False, True))
+        parts.append(f"{quiet} quiet runs + {hogged} beside a CPU hog, x {t['file'].nunique()} files: {len(ran)} "
+                     f"test runs, {int((ran['outcome'] == 'failed').sum())} failures")
+        if not bad.empty:
+            parts.append(bad.rename(columns={False: "quiet", True: "hog"}).to_string())
+    if (out / "exit.csv").exists():
+        e = pd.read_csv(out / "exit.csv")
+        table = e.groupby(["impl", "ending"]).agg(
+            runs=("run", "size"), aborted=("aborted", "sum"), failed=("returncode", lambda r: int((r != 0).sum())),
+            threads_left=("ranks_with_threads_left", lambda n: int((n > 0).sum())))
+        parts.append("exit script (runs with a rank aborted / any failure / a rank's Gloo threads alive at exit):\n"
+                     + table.to_string())
+    if (out / "fresh_clones.csv").exists():
+        f = pd.read_csv(out / "fresh_clones.csv")
+        lines = [f"fresh clones, `make test` from scratch: {int((f['returncode'] == 0).sum())} of {len(f)} passed"]
+        for hog, g in f.groupby("hog"):
+            lines.append(f"  {'beside a CPU hog' if hog else 'without a hog'}: {len(g)} runs, "
+                         f"{int(g['failed'].sum())} failed tests, {g['passed'].min()}-{g['passed'].max()} passed "
+                         f"each, {g['seconds'].min()}-"
+                         f"{g['seconds'].max()} s each")
+        parts.append("\n".join(lines))
+    if (out / "fig7_clones.csv").exists():
+        g = pd.read_csv(out / "fig7_clones.csv")
+        parts.append(f"fresh clones, `make fig7`: {int((g['returncode'] == 0).sum())} of {len(g)} finished, "
+                     f"{g['seconds'].min()}-{g['seconds'].max()} s each")
+    return "\n\n".join(parts) or f"nothing stored under {out}"
 
 
 def main(argv: list[str] | None = None) -> int:
