@@ -7,8 +7,9 @@ and appends every outcome to ``<out>/tests.csv``, ``<out>/exit.csv`` and ``<out>
 interrupted hunt keeps what it ran). ``--summary`` only prints the tables of what ``<out>`` holds. Columns:
 ``tests.csv`` run, hog, file, test, outcome (passed | failed | skipped); ``exit.csv`` run, hog, impl, ending,
 returncode (-1: killed after hanging), aborted, ranks_with_threads_left; ``fresh_clones.csv`` run, hog, returncode,
-seconds, passed, failed, skipped; ``fig7_clones.csv`` (``--fig7_clones``: the README's main job, ``make fig7``, in a
-fresh clone) run, returncode, seconds; each also git_commit and torch_version, the code it measured.
+seconds, passed, failed, skipped, failed_tests (their ids); ``fig7_clones.csv`` (``--fig7_clones``: the README's main
+job, ``make fig7``, in a fresh clone) run, returncode, seconds; each also git_commit and torch_version, the code it
+measured.
 
     make stress                                  # 10 runs per file, 30 per ending (hours on 2 cores)
     make stress ARGS="--runs=2 --exit_runs=5 --files=tests/harness/test_harness_launch.py"
@@ -74,10 +75,14 @@ def _run(argv: list[str], cwd: Path, timeout_s: float) -> tuple[int | None, str,
 
 
 def _append(path: Path, row: dict) -> None:
-    new = not path.exists()
+    """One row onto ``path``'s CSV, in the file's column order; a column the file lacks rewrites it with one."""
+    header = next(csv.reader(path.open()), []) if path.exists() else []
+    if header and set(row) - set(header):
+        pd.concat([pd.read_csv(path), pd.DataFrame([row])], ignore_index=True).to_csv(path, index=False)
+        return
     with path.open("a", newline="") as f:
-        writer = csv.DictWriter(f, fieldnames=list(row))
-        if new:
+        writer = csv.DictWriter(f, fieldnames=header or list(row))
+        if not header:
             writer.writeheader()
         writer.writerow(row)
 
@@ -118,7 +123,8 @@ def run_fresh_clone(command=("bash", ".ci/run")) -> dict:
     counts = {k: int(n) for n, k in re.findall(r"(\d+) (passed|failed|skipped|errors?)\b", out[-3000:])}
     return {"returncode": -1 if code is None else code, "seconds": round(seconds), "passed": counts.get("passed", 0),
             "failed": counts.get("failed", 0) + counts.get("error", 0) + counts.get("errors", 0),
-            "skipped": counts.get("skipped", 0)}
+            "skipped": counts.get("skipped", 0),
+            "failed_tests": " ".join(re.findall(r"^(?:FAILED|ERROR) (\S+)", out, re.M))}  # pytest's summary
 
 
 def summary(out: Path) -> str:
@@ -146,8 +152,9 @@ def summary(out: Path) -> str:
         for hog, g in f.groupby("hog"):
             lines.append(f"  {'beside a CPU hog' if hog else 'without a hog'}: {len(g)} runs, "
                          f"{int(g['failed'].sum())} failed tests, {g['passed'].min()}-{g['passed'].max()} passed "
-                         f"each, {g['seconds'].min()}-"
-                         f"{g['seconds'].max()} s each")
+                         f"each, {g['seconds'].min()}-{g['seconds'].max()} s each")
+        failed = f["failed_tests"].dropna() if "failed_tests" in f.columns else []
+        lines += [f"  failed: {ids}" for ids in failed if ids]
         parts.append("\n".join(lines))
     if (out / "fig7_clones.csv").exists():
         g = pd.read_csv(out / "fig7_clones.csv")
