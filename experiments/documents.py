@@ -66,8 +66,7 @@ def paper_scale() -> str:
 
 
 def zero() -> str:
-    from experiments import zero as driver
-
+    driver = registry.drivers()["zero"]
     df = load_results(driver.FIGURE, REFERENCE)
     return _code(driver.summarize(df, registry.stored_config(driver, REFERENCE)))
 
