@@ -282,12 +282,6 @@ class Reducer(BucketStore, WriteBack):
         """One gradient into its bucket, averaged unless a comm hook averages: a large one as soon as it is final, a
         bucket's only small one, and the rarer cases (none yet, sparse, ``create_graph``, ``.grad`` as a view)."""
         view = self.views[i]
-        if grad is not None and not (self.as_view or grad.requires_grad or grad.is_sparse):  # the common case
-            if scale is None:
-                view.copy_(grad)
-            else:
-                torch.mul(grad, self._factors.get(grad.dtype, scale), out=view)
-            return
         if grad is None:
             view.zero_()
         elif grad.is_sparse:

@@ -21,8 +21,9 @@ class WriteBack:
         if not self.overlap:
             self._launch_ready()
         futures, self._futures = self._futures, []  # their values hold the buckets: not kept past this iteration
-        # a collective's own work (in place on the bucket: nothing to copy) or a future (a comm hook's, or traced)
-        in_place = [isinstance(f, dist.Work) for f in futures]
+        # the collective's own work on every bucket (in place: nothing to copy back), or on none: futures (a comm
+        # hook's, or traced), as _launch chose for the whole iteration
+        in_place = bool(futures) and isinstance(futures[0], dist.Work)
         # The common case: each bucket goes back to .grad as soon as it is reduced, while later buckets are still
         # in flight. Views, unused-parameter detection and missing .grad go through _write_back at the end.
         grads = None
@@ -33,7 +34,7 @@ class WriteBack:
         per_bucket = timing is not None and timing.per_bucket
         if per_bucket:  # finish stamped here, not by a callback on the comm thread; on the host clock a bucket
             # already done now reads as done now, not after the write-back of the buckets before it
-            done = [timing.clock.on_host and (f.is_completed() if w else f.done()) for f, w in zip(futures, in_place)]
+            done = [timing.clock.on_host and (f.is_completed() if in_place else f.done()) for f in futures]
             timing.comm_end = now = timing.clock.stamp()
         with torch.no_grad():  # with create_graph=True this runs in grad mode: the copies are not part of it
             for b, f in enumerate(futures):
@@ -49,7 +50,7 @@ class WriteBack:
                         # the completion callback runs just after the future is marked done and may not have
                         # run yet: the wait's own stamp is then the closest bound
                         timing.bucket_done[b] = timing.bucket_finish[b]
-                if not in_place[b]:
+                if not in_place:
                     if isinstance(value, list):  # a collective's own future: [reduced tensor]
                         value = value[0]
                     if value is not self.flats[b]:

@@ -188,9 +188,9 @@ def _calls_in_backward(probe: RankProbe) -> tuple[list[float], list[float]]:
     apart between rank counts and runs on 2 cores, and several times what a call costs DDP while bytes flow. The
     first pass warms up. Each completion is stamped by a Python callback, which takes the interpreter's lock on the
     communication thread and about doubles what a tiny call costs after backward (0.5-0.75 -> 1.0-1.9 ms); counted
-    without it, and with the calls grouped as DDP's buckets, 80 buckets read 10-12% low on one machine. Grouped with the callbacks, they met tiny-layers
-    at 2 ranks on another but priced ResNet50's cap 0 12% low: its grouped calls are bound by their bytes, so alpha
-    came out 0 (BENCHMARKS.md, hostval)."""
+    without it, and with the calls grouped as DDP's buckets, 80 buckets read 10-12% low on one machine. Grouped with
+    the callbacks, they met tiny-layers at 2 ranks on another but priced ResNet50's cap 0 12% low: its grouped calls
+    are bound by their bytes, so alpha came out 0 (BENCHMARKS.md, hostval)."""
     streams = [probe.iteration(calls=True) for _ in range(1 + LATENCY_ITERS)][1:]
     return [r["calls_done"] for r in streams], [r["backward"] for r in streams]
 
