@@ -2,6 +2,7 @@
 every rank ends (its groups destroyed, their Gloo threads joined, before the interpreter finalizes)."""
 import multiprocessing
 import os
+import re
 import resource
 import subprocess
 import sys
@@ -132,11 +133,11 @@ def test_a_rank_ends_with_its_groups_destroyed_and_their_threads_joined():
 
 # `python -m harness` with an exit hook registered before the harness runs, so it runs after the harness's own: the
 # Gloo threads left as the interpreter goes on to finalize (one that then takes the GIL aborts the process; see
-# harness.groups.end_rank).
+# harness.groups.end_rank). Both ranks share torchrun's stdout: one os.write per line keeps their lines whole.
 EXIT_PROBE = """
 import atexit, os, runpy
 from harness.groups import gloo_threads
-atexit.register(lambda: print(f"rank {os.environ['RANK']} Gloo threads at exit: {gloo_threads()}", flush=True))
+atexit.register(lambda: os.write(1, f"rank {os.environ['RANK']} Gloo threads at exit: {gloo_threads()}\\n".encode()))
 runpy.run_module("harness", run_name="__main__", alter_sys=True)
 """
 
@@ -155,7 +156,7 @@ def test_same_code_runs_under_torchrun_and_its_ranks_end_their_groups(tmp_path):
     df = load_results("torchrun", root=tmp_path)
     assert sorted(zip(df["rank"], df["iteration"])) == [(0, 0), (0, 1), (1, 0), (1, 1)]
     assert (df["error"] == "").all() and (df["world_size"] == 2).all()
-    ends = sorted(line for line in proc.stdout.splitlines() if "Gloo threads at exit" in line)
+    ends = sorted(re.findall(r"rank \d Gloo threads at exit: \[.*?\]", proc.stdout))
     assert ends == [f"rank {r} Gloo threads at exit: []" for r in range(2)], proc.stdout[-2000:] + proc.stderr[-2000:]
 
 
