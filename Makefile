@@ -14,7 +14,7 @@ fig2 fig9 fig10 zero simval hostval: WS_ARG = $(if $(WORLD_SIZE),$(error WORLD_S
 	world sizes; give them as ARGS="--world_sizes=..."))
 gpu-check: WS_ARG = $(if $(WORLD_SIZE),$(error WORLD_SIZE=$(WORLD_SIZE): make gpu-check runs on every visible GPU))
 
-.PHONY: setup test stress clean figures plots report claims timeline bench bucket-cost gpu-check simval hostval tune zero torch-ddp-tests $(FIGURES)
+.PHONY: setup test lint stress clean figures plots report claims timeline bench bucket-cost gpu-check simval hostval tune zero torch-ddp-tests $(FIGURES)
 
 setup: $(STAMP)
 
@@ -30,12 +30,18 @@ unexport PYTHONDONTWRITEBYTECODE
 $(STAMP): pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(call INSTALL,-e .)
-	$(PY) -c "import torch.distributed, torchvision, transformers.models.bert, pandas, matplotlib.pyplot, harness.runner"
+	$(PY) -c "import torch.distributed, torchvision, transformers.models.bert, pandas, matplotlib.pyplot, harness.workloads.runner"
 	touch $(STAMP)
 
 $(TEST_STAMP): $(STAMP)
 	$(call INSTALL,-e '.[test]')
 	touch $(TEST_STAMP)
+
+# The formatter and the linter (ruff, configured in pyproject.toml), clean on every file; tests/test_lint.py runs
+# the same inside `make test`.
+lint: $(TEST_STAMP)
+	$(PY) -m ruff check .
+	$(PY) -m ruff format --check .
 
 # `make test ARGS="-k bucket --durations=10"`: ARGS go to pytest.
 test: $(TEST_STAMP)
@@ -70,7 +76,7 @@ report: setup
 
 # One iteration's per-bucket timeline (ready, launch, true completion) as a figure and a Chrome/Perfetto trace.
 timeline: setup
-	$(PY) -m experiments.timeline $(WS_ARG) $(ARGS)
+	$(PY) -m experiments timeline $(WS_ARG) $(ARGS)
 
 # Every measured number beside the paper's, one chart (results/figures/claims.png), from stored results.
 claims: setup
@@ -78,33 +84,33 @@ claims: setup
 
 # Our DDP vs torch's, interleaved, per (model, bucket cap); `make bench ARGS="--models=resnet50 --bucket_caps_mb=25"`.
 bench: setup
-	$(PY) -m experiments.bench $(WS_ARG) $(ARGS)
+	$(PY) -m experiments bench $(WS_ARG) $(ARGS)
 
 # Where DDP's cost per bucket goes: ours and torch's at a bucket per gradient beside one bucket, and ours's path step
 # by step beside the floor any Python caller pays (results/bucket_cost/); `make bucket-cost ARGS="--world_size=2"`.
 bucket-cost: setup
-	$(PY) -m experiments.bucket_cost $(ARGS)
+	$(PY) -m experiments bucket-cost $(ARGS)
 
 # The GPU path in one command on any CUDA machine (~6 min on one H100): ours vs torch's DDP on the device, the bench
 # at world size = GPUs, a fig7 smoke on NCCL, predict beside it -> results/gpu-check/summary.md; without CUDA it
-# says so and exits 0. With torch preinstalled and no network: `PYTHONPATH=. python3 -m experiments.gpu_check`.
+# says so and exits 0. With torch preinstalled and no network: `PYTHONPATH=. python3 -m experiments gpu-check`.
 gpu-check: setup
-	$(PY) -m experiments.gpu_check $(WS_ARG) $(ARGS)
+	$(PY) -m experiments gpu-check $(WS_ARG) $(ARGS)
 
 # The simulator's predictions against fresh measurements (results/simval/, results/figures/simval.png; 3 rounds + a
 # side-by-side tuning check, under 45 min; the full grid, ~3 h: ARGS="--nets=1gbit,2gbit,4gbit --world_sizes=3,4").
 simval: setup
-	$(PY) -m experiments.simval $(WS_ARG) $(ARGS)
+	$(PY) -m experiments simval $(WS_ARG) $(ARGS)
 
 # What the simulator says DDP adds, where the host sets the pace: tiny-layers' DDP at 80/9/1 buckets, at 1 and 2 ranks,
 # against predictions from its compute measured beside it (results/hostval/hostval.csv; 8 repeats each, ~7 min).
 hostval: setup
-	$(PY) -m experiments.hostval $(WS_ARG) $(ARGS)
+	$(PY) -m experiments hostval $(WS_ARG) $(ARGS)
 
 # A bucket cap recommended by the simulator, then measured beside torch's default and the best measured cap
 # (results/figures/tune.png); `make tune ARGS="--model=bert-base --world_size=3 --net=1gbit"`.
 tune: setup
-	$(PY) -m experiments.tune $(WS_ARG) $(ARGS)
+	$(PY) -m experiments tune $(WS_ARG) $(ARGS)
 
 # torch's own DDP tests against ours (~10 min, outside `make test`); fails if ours misses one torch passes
 TORCH_SUITE_OUT ?= /tmp/torch-ddp-tests

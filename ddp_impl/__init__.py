@@ -5,14 +5,29 @@ readiness and launch order, over ``bucket_store`` (the flat buckets and their vi
 wait and copy back into ``.grad``); ``distributed`` is the module front-end, with ``outputs`` (what a forward
 returns), ``broadcast`` (parameter and buffer syncs) and ``join`` (uneven inputs); ``comm_hooks`` and
 ``process_groups`` are the pluggable communication pieces, ``timing`` the per-iteration instrumentation,
-``lifetime`` what makes the process exit cleanly whatever the script does at its end.
+``lifetime`` what makes the process exit cleanly whatever the script does at its end; ``options`` the
+settings as one object (:class:`DDPOptions`) and the constants they default to.
 """
+
 from . import comm_hooks
 from .buckets import Bucket, ParamSpec, assign_buckets, initial_buckets
 from .comm_hooks import GradBucket
 from .distributed import DistributedDataParallel
+from .options import DEFAULT_BUCKET_CAP_MB, MIB, DDPOptions
 from .process_groups import RoundRobinProcessGroup
 from .timing import IterationTiming
 
-__all__ = ["DistributedDataParallel", "RoundRobinProcessGroup", "IterationTiming", "Bucket", "ParamSpec",
-           "assign_buckets", "initial_buckets", "comm_hooks", "GradBucket"]
+__all__ = [
+    "DistributedDataParallel",
+    "DDPOptions",
+    "DEFAULT_BUCKET_CAP_MB",
+    "MIB",
+    "RoundRobinProcessGroup",
+    "IterationTiming",
+    "Bucket",
+    "ParamSpec",
+    "assign_buckets",
+    "initial_buckets",
+    "comm_hooks",
+    "GradBucket",
+]

@@ -1,18 +1,20 @@
 """Rank ``src``'s tensors to every rank of a group, a chunk at a time: the construction sync, the buffer sync
 before a forward, and the final model sync of ``join()``."""
+
 from __future__ import annotations
 
 import torch
 import torch.distributed as dist
 
-from .buckets import MIB
+from .options import MIB
 
 BROADCAST_CHUNK_BYTES = 250 * MIB  # torch's broadcast_bucket_size: bounds the extra memory of the broadcast
 
 
 @torch.no_grad()
-def broadcast_coalesced(tensors: list[torch.Tensor], group, src: int = 0,
-                         chunk_bytes: int = BROADCAST_CHUNK_BYTES) -> None:
+def broadcast_coalesced(
+    tensors: list[torch.Tensor], group, src: int = 0, chunk_bytes: int = BROADCAST_CHUNK_BYTES
+) -> None:
     """Broadcast the tensors of ``src`` (a rank in ``group``) with one collective per chunk of one (device, dtype)
     instead of one per tensor.
 

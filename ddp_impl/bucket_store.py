@@ -1,6 +1,10 @@
 """Where gradients are reduced: one flat tensor per bucket and a view of it per parameter, built from a layout
-and rebuilt once in the gradient order the first iteration showed (the reducer's item 6)."""
+and rebuilt once in the gradient order the first iteration showed (the reducer's item 6), and how gradients are
+copied in, averaged (item 2)."""
+
 from __future__ import annotations
+
+import warnings
 
 import torch
 import torch.distributed as dist
@@ -15,7 +19,7 @@ EAGER_COPY_NUMEL = 1 << 16
 
 
 class BucketStore:
-    """The reducer's storage half: ``flats``, ``views`` and the per-bucket lists the hot path indexes."""
+    """The reducer's storage: ``flats``, ``views``, the per-bucket lists the hot path indexes, and their filling."""
 
     def _build(self, buckets: list[Bucket]) -> None:
         """Allocate one flat tensor per bucket and a view of it per parameter."""
@@ -29,7 +33,7 @@ class BucketStore:
             offset, runs, deferred = 0, [], []
             for i in b.param_indices:
                 numel = self.specs[i].numel
-                self.views[i] = flat[offset:offset + numel].view(self.params[i].shape)
+                self.views[i] = flat[offset : offset + numel].view(self.params[i].shape)
                 self.bucket_of[i] = b.index
                 if numel < EAGER_COPY_NUMEL:
                     deferred.append(i)
@@ -77,11 +81,69 @@ class BucketStore:
         dist.broadcast(order_t, src=dist.get_global_rank(self.primary_group, 0), group=self.primary_group)
         old_views = self.views
         if not self.as_view:  # nothing lives in the old buckets between iterations: free them first (like torch)
-            old_views = self.views = self.flats = self._bucket_views = self._deferred_views = \
-                self._deferred_runs = None  # type: ignore
+            old_views = self.views = self.flats = self._bucket_views = self._deferred_views = self._deferred_runs = None  # type: ignore
         self._build(assign_buckets(self.specs, self.cap_bytes, self.first_cap_bytes, order_t.tolist()))
         if self.as_view:  # .grad still points into the old buckets: move it into the new ones
             for p, old, new in zip(self.params, old_views, self.views):
                 if p.grad is not None and p.grad.data_ptr() == old.data_ptr():
                     new.copy_(old)
                     p.grad = new
+
+    # ---- filling (the reducer's item 2) ----------------------------------------------------------------
+    def _fill(self, b: int) -> None:
+        """Bucket ``b``'s small gradients, once all are final, into its flat tensor, averaged unless a comm hook
+        averages: one fused copy, then one multiply per stretch of the bucket holding only small gradients, not a
+        kernel each (the host issuing kernels is the bottleneck on a fast GPU; on CPU a fused multiply still runs
+        one kernel per tensor). Bitwise torch's average: the same multiply by 1 / world size."""
+        params = self._deferred_params[b]
+        if not params:
+            return
+        scale = self._scale if self.comm_hook is None else None
+        if len(params) == 1:  # one small gradient: one multiply into the bucket, not a fused copy and multiply
+            self._fill_one(self._deferred[b][0], params[0].grad, scale)
+            return
+        grads = [p.grad for p in params]
+        if self.as_view or any(g is None or g.requires_grad or g.is_sparse for g in grads):
+            for i, grad in zip(self._deferred[b], grads):
+                self._fill_one(i, grad, scale)
+            return
+        torch._foreach_copy_(self._deferred_views[b], grads)
+        if scale is not None:
+            torch._foreach_mul_(self._deferred_runs[b], scale)
+
+    def _fill_one(self, i: int, grad: torch.Tensor | None, scale: float | None) -> None:
+        """One gradient into its bucket, averaged unless a comm hook averages: a large one as soon as it is final, a
+        bucket's only small one, and the rarer cases (none yet, sparse, ``create_graph``, ``.grad`` as a view)."""
+        view = self.views[i]
+        if grad is None:
+            view.zero_()
+        elif grad.is_sparse:
+            raise RuntimeError(
+                f"parameter {self.names[i]} has a sparse gradient, which this DDP does not support; "
+                "use a dense embedding (sparse=False) or torch's DistributedDataParallel"
+            )
+        else:
+            if grad.requires_grad:  # backward(create_graph=True): average the values, not the graph (as torch)
+                self._warn_create_graph()
+                grad = grad.detach()
+            if scale is not None:
+                scale = self._factors.get(grad.dtype, scale)
+            if self.as_view and grad.data_ptr() == view.data_ptr():
+                if scale is not None:
+                    grad.mul_(scale)
+            else:
+                if scale is not None:
+                    torch.mul(grad, scale, out=view)
+                else:
+                    view.copy_(grad)
+                if self.as_view:
+                    self.params[i].grad = view
+
+    def _warn_create_graph(self) -> None:
+        if not self._warned_create_graph:
+            self._warned_create_graph = True
+            warnings.warn(
+                "DistributedDataParallel with backward(create_graph=True): gradients are averaged "
+                "across ranks, but higher-order gradients are not synchronized (as in torch's DDP)",
+                stacklevel=3,
+            )

@@ -8,6 +8,7 @@ do not wait long before their allreduce starts (torch's 1 MiB, which torch uses 
 Before the first iteration has shown the gradient order, ``initial_buckets`` reproduces torch's own layout, so
 per-bucket comparisons (and comm hooks keyed by bucket index) line up with torch's DDP in every iteration.
 """
+
 from __future__ import annotations
 
 import math
@@ -17,7 +18,7 @@ from typing import Sequence
 
 import torch
 
-MIB = 1024 * 1024
+from .options import MIB
 
 
 @dataclass(frozen=True)
@@ -50,9 +51,22 @@ class Bucket:
     dtype: torch.dtype
     device: torch.device
 
+    @classmethod
+    def of(cls, index: int, members: list[int], specs: Sequence[ParamSpec]) -> "Bucket":
+        """Bucket ``index`` holding the parameters ``members`` (indices into ``specs``), in that order."""
+        first, numel = specs[members[0]], sum(specs[i].numel for i in members)
+        names = tuple(specs[i].name for i in members)
+        return cls(index, tuple(members), names, numel, numel * first.dtype.itemsize, first.dtype, first.device)
+
     def as_dict(self) -> dict:
-        return {"index": self.index, "names": list(self.names), "numel": self.numel, "nbytes": self.nbytes,
-                "dtype": str(self.dtype), "device": str(self.device)}
+        return {
+            "index": self.index,
+            "names": list(self.names),
+            "numel": self.numel,
+            "nbytes": self.nbytes,
+            "dtype": str(self.dtype),
+            "device": str(self.device),
+        }
 
 
 def mb_to_bytes(mb: float) -> int:
@@ -63,16 +77,27 @@ def mb_to_bytes(mb: float) -> int:
     return int(min(mb * MIB, sys.maxsize))
 
 
-def assign_buckets(specs: Sequence[ParamSpec], cap_bytes: int | Sequence[int], first_cap_bytes: int | None = None,
-                   order: Sequence[int] | None = None) -> list[Bucket]:
-    """Group parameters into buckets.
+def assign_buckets(
+    specs: Sequence[ParamSpec],
+    cap_bytes: int | Sequence[int],
+    first_cap_bytes: int | None = None,
+    order: Sequence[int] | None = None,
+) -> list[Bucket]:
+    """Group parameters into buckets, numbered in the order every rank launches them (the position of their first
+    parameter in ``order``).
 
-    ``order`` lists parameter indices in the order their gradients are expected (default: reverse registration
-    order). A cap of 0 gives one bucket per parameter; a cap larger than the model gives one bucket per kind.
-    ``cap_bytes`` may also be a list of per-bucket caps (torch's ``bucket_cap_mb_list``): the k-th bucket of each
-    kind is closed at the k-th cap, the last cap repeating (``first_cap_bytes`` is then ignored).
-    Buckets are numbered by the position of their first parameter in ``order``, which is the order in which
-    every rank launches them.
+    Args:
+        specs: the parameters, in registration order.
+        cap_bytes: a bucket is closed once it holds this many bytes (so it may exceed it by one tensor); 0 gives one
+            bucket per parameter, a cap larger than the model one bucket per (device, dtype). Or a list of caps
+            (torch's ``bucket_cap_mb_list``): the k-th bucket of each kind closes at the k-th, the last repeating.
+        first_cap_bytes: the first bucket's cap, if smaller (ignored with a list of caps).
+        order: parameter indices in the order their gradients are expected (default: reverse registration order).
+
+    Example::
+
+        >>> specs = [ParamSpec.of(n, p) for n, p in model.named_parameters()]
+        >>> [b.names for b in assign_buckets(specs, cap_bytes=mb_to_bytes(25), first_cap_bytes=mb_to_bytes(1))]
     """
     if isinstance(cap_bytes, int):
         limits = [cap_bytes if first_cap_bytes is None else min(first_cap_bytes, cap_bytes), cap_bytes]
@@ -86,6 +111,14 @@ def assign_buckets(specs: Sequence[ParamSpec], cap_bytes: int | Sequence[int], f
     if sorted(order) != list(range(len(specs))):
         raise ValueError("order must be a permutation of the parameter indices")
 
+    groups = _fill_in_order(specs, limits, order)
+    position = {p: k for k, p in enumerate(order)}
+    groups.sort(key=lambda g: position[g[0]])
+    return [Bucket.of(b, members, specs) for b, members in enumerate(groups)]
+
+
+def _fill_in_order(specs: Sequence[ParamSpec], limits: list[int], order: list[int]) -> list[list[int]]:
+    """Parameters taken in ``order`` into one open bucket per kind, each closed at its limit."""
     open_buckets: dict[tuple, list[int]] = {}
     open_bytes: dict[tuple, int] = {}
     closed_count: dict[tuple, int] = {}
@@ -100,21 +133,12 @@ def assign_buckets(specs: Sequence[ParamSpec], cap_bytes: int | Sequence[int], f
             groups.append(members)
             closed_count[key] = closed_count.get(key, 0) + 1
             del open_buckets[key], open_bytes[key]
-    groups.extend(open_buckets.values())
-
-    position = {p: k for k, p in enumerate(order)}
-    groups.sort(key=lambda g: position[g[0]])
-    buckets = []
-    for b, members in enumerate(groups):
-        s = specs[members[0]]
-        numel = sum(specs[i].numel for i in members)
-        buckets.append(Bucket(b, tuple(members), tuple(specs[i].name for i in members), numel,
-                              numel * s.dtype.itemsize, s.dtype, s.device))
-    return buckets
+    return groups + list(open_buckets.values())
 
 
-def initial_buckets(specs: Sequence[ParamSpec], cap_bytes: int | Sequence[int], first_cap_bytes: int,
-                    find_unused_parameters: bool) -> list[Bucket]:
+def initial_buckets(
+    specs: Sequence[ParamSpec], cap_bytes: int | Sequence[int], first_cap_bytes: int, find_unused_parameters: bool
+) -> list[Bucket]:
     """torch's layout before any gradient order is known (torch 2.x).
 
     Without ``find_unused_parameters`` torch puts every parameter of a kind in one bucket for the first

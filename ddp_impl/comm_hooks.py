@@ -9,6 +9,7 @@ reduced bucket; the reducer copies it back when it is not the bucket itself. Wit
 reducer averages with a plain allreduce of its own (the paper's design, and torch's default).
 This is the paper's "future work: gradient compression" as torch later shipped it.
 """
+
 from __future__ import annotations
 
 import torch
@@ -20,8 +21,14 @@ class GradBucket:
 
     __slots__ = ("_index", "_buffer", "_gradients", "_parameters", "_is_last")
 
-    def __init__(self, index: int, buffer: torch.Tensor, gradients: list[torch.Tensor],
-                 parameters: list[torch.Tensor], is_last: bool):
+    def __init__(
+        self,
+        index: int,
+        buffer: torch.Tensor,
+        gradients: list[torch.Tensor],
+        parameters: list[torch.Tensor],
+        is_last: bool,
+    ):
         self._index, self._buffer, self._gradients = index, buffer, gradients
         self._parameters, self._is_last = parameters, is_last
 
@@ -49,16 +56,21 @@ class GradBucket:
 
 
 # Short names for torch's own hooks: one vocabulary, torch's functions.
-ALIASES = {"allreduce": default_hooks.allreduce_hook, "fp16": default_hooks.fp16_compress_hook,
-           "bf16": default_hooks.bf16_compress_hook}
+ALIASES = {
+    "allreduce": default_hooks.allreduce_hook,
+    "fp16": default_hooks.fp16_compress_hook,
+    "bf16": default_hooks.bf16_compress_hook,
+}
 
 
 def resolve(hook) -> object:
     """A hook given by short name or as a callable ``(state, GradBucket) -> Future``."""
     if isinstance(hook, str):
         if hook not in ALIASES:
-            raise ValueError(f"unknown comm_hook {hook!r}; choose one of {sorted(ALIASES)} or pass a callable "
-                             "(state, bucket) -> torch.futures.Future, such as torch's powerSGD_hook")
+            raise ValueError(
+                f"unknown comm_hook {hook!r}; choose one of {sorted(ALIASES)} or pass a callable "
+                "(state, bucket) -> torch.futures.Future, such as torch's powerSGD_hook"
+            )
         return ALIASES[hook]
     if not callable(hook):
         raise TypeError(f"comm_hook must be callable, got {type(hook).__name__}")

@@ -14,11 +14,12 @@ So a joined rank adds nothing to the sum, which is divided by the initial world 
 highest rank among the last to join broadcasts its parameters (and buffers, unless ``forward_sync_buffers``
 is False) to every rank, so all leave with the same model.
 """
+
 from __future__ import annotations
 
 import torch
 import torch.distributed as dist
-from torch.distributed.algorithms.join import Join, JoinHook
+from torch.distributed.algorithms.join import Join, Joinable, JoinHook
 
 from .broadcast import broadcast_coalesced
 
@@ -68,3 +69,47 @@ class DDPJoinHook(JoinHook):
         if ddp.forward_sync_buffers:
             states += [b.detach() for b in ddp.module.buffers()]
         broadcast_coalesced(states, ddp.join_process_group, src=common_rank(ddp, is_last_joiner))
+
+
+class JoinableDDP(Joinable):
+    """DDP's side of torch's Join protocol: the ``join()`` context and what a joined rank runs."""
+
+    def join(
+        self, divide_by_initial_world_size: bool = True, enable: bool = True, throw_on_early_termination: bool = False
+    ) -> Join:
+        """A context in which ranks may run different numbers of iterations (torch's API; ``ddp_impl.join``).
+
+        Args:
+            divide_by_initial_world_size: average over every rank (``True``) or over those still training.
+            enable: ``False`` makes the context a no-op.
+            throw_on_early_termination: raise on every rank once one has run out of inputs, instead of shadowing it.
+
+        Note:
+            Inside it every forward costs two small extra allreduces.
+
+        Example::
+
+            >>> with model.join():
+            ...     for batch in my_shard:  # as many batches as this rank has
+            ...         model(batch).sum().backward()
+        """
+        if enable and self.static_graph and self.reducer.static_graph_pending:
+            raise RuntimeError(
+                "join() with static_graph=True needs one synchronized iteration on every rank "
+                "before the join context (the first iteration learns the graph)"
+            )
+        return Join(
+            [self], enable, throw_on_early_termination, divide_by_initial_world_size=divide_by_initial_world_size
+        )
+
+    def join_hook(self, **kwargs) -> DDPJoinHook:
+        """Joinable's API: what a joined rank runs while others still train (``Join([model, optimizer])``)."""
+        return DDPJoinHook(self, kwargs.get("divide_by_initial_world_size", True))
+
+    @property
+    def join_device(self) -> torch.device:
+        return self.reducer.params[0].device
+
+    @property
+    def join_process_group(self):
+        return self._primary

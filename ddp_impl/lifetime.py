@@ -22,6 +22,7 @@ process leaving on an uncaught exception keeps its groups (destroying waits for 
 never finish; it has failed already). A group the script itself still references at exit (a ``new_group()`` in a
 global, a comm hook's state it keeps) stays alive: only the script can drop that reference.
 """
+
 from __future__ import annotations
 
 import atexit
@@ -78,3 +79,39 @@ def release_at_exit() -> None:
 
 
 atexit.register(release_at_exit)
+
+
+class Picklable:
+    """What a DDP drops when pickled (``torch.save``, ``copy.deepcopy``) and rebuilds when unpickled, as torch's DDP:
+    its process groups and reducer; and :meth:`release_groups`, which :func:`release_at_exit` calls."""
+
+    def __getstate__(self):
+        if self.process_group is not dist.group.WORLD:
+            raise RuntimeError(
+                "pickling DistributedDataParallel (torch.save, copy.deepcopy) is only supported "
+                "with the default process group, as in torch: save model.module instead"
+            )
+        state = dict(self.__dict__)
+        for key in ("process_group", "_primary", "reducer", "_join_flag"):
+            state.pop(key, None)
+        return state
+
+    def __setstate__(self, state):
+        super().__setstate__(state)
+        self.process_group = self._primary = dist.group.WORLD
+        self.reducer = self._make_reducer()
+        if self._comm_hook is not None:
+            self.reducer.comm_hook, self.reducer.comm_state = self._comm_hook
+        track(self)
+
+    def release_groups(self) -> None:
+        """Drop every reference this DDP holds to a process group, so that destroying the groups frees them
+        (``ddp_impl.lifetime``, at exit); it cannot communicate afterwards."""
+        self.process_group = self._primary = None
+        self.__dict__.pop("_join_flag", None)  # a join context's pending allreduce
+        reducer = getattr(self, "reducer", None)
+        if reducer is not None:
+            reducer.group = reducer.comm_state = reducer._used_work = None
+            reducer._futures, reducer._bucket_groups = [], []
+        if self._comm_hook is not None:
+            self._comm_hook = (self._comm_hook[0], None)

@@ -4,6 +4,7 @@ torch's DDP looks inside tensors, lists, tuples (named too), dicts (a transforme
 dataclasses; so do we, to find the parameters an output reaches (``find_unused_parameters``) and to make every
 output take part in backward (:class:`_OutputSink`).
 """
+
 from __future__ import annotations
 
 import copy
@@ -74,3 +75,18 @@ def _with_tensors(obj, new: dict[int, torch.Tensor]):
     return obj
 
 
+def unreached_parameters(outputs: list[torch.Tensor], params: list[torch.Tensor]) -> list[int]:
+    """Indices of the ``params`` the autograd graph of ``outputs`` does not reach: they will get no gradient."""
+    reached, seen = set(), set()
+    stack = [t.grad_fn for t in outputs if t.grad_fn is not None]
+    reached.update(id(t) for t in outputs if t.grad_fn is None)  # an output that is a parameter itself
+    while stack:
+        fn = stack.pop()
+        if fn in seen:
+            continue
+        seen.add(fn)
+        variable = getattr(fn, "variable", None)
+        if variable is not None:
+            reached.add(id(variable))
+        stack.extend(nxt for nxt, _ in fn.next_functions if nxt is not None)
+    return [i for i, p in enumerate(params) if id(p) not in reached]

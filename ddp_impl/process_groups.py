@@ -6,6 +6,7 @@ in flight concurrently. torch later removed that class; this is our own small ve
 goes to group ``i mod k`` (consecutive buckets on different groups, identically on every rank), and
 everything else (broadcasts, the unused-parameter bitmap) uses the first group.
 """
+
 from __future__ import annotations
 
 import datetime
@@ -15,14 +16,26 @@ import torch.distributed as dist
 
 
 class RoundRobinProcessGroup:
+    """k process groups taking the buckets' allreduces in turn; pass it as ``process_group`` to
+    :class:`~ddp_impl.DistributedDataParallel`.
+
+    Args:
+        groups: the underlying process groups, each over every rank; the first also carries everything else.
+
+    Example::
+
+        >>> model = DistributedDataParallel(net, process_group=RoundRobinProcessGroup.new(3))
+    """
+
     def __init__(self, groups: Sequence):
         if not groups:
             raise ValueError("RoundRobinProcessGroup needs at least one process group")
         self.groups = list(groups)
 
     @classmethod
-    def new(cls, k: int, backend: str | None = None,
-            timeout: datetime.timedelta | None = None) -> "RoundRobinProcessGroup":
+    def new(
+        cls, k: int, backend: str | None = None, timeout: datetime.timedelta | None = None
+    ) -> "RoundRobinProcessGroup":
         """Create k new groups over all ranks. Collective: every rank must call it with the same k."""
         if k < 1:
             raise ValueError(f"round-robin needs k >= 1 groups, got {k}")

@@ -5,9 +5,8 @@
    (divided by the world size unless a comm hook is registered: then averaging is the hook's job, as in torch).
 2. When a bucket's last gradient is final, its small gradients are copied and divided in one fused copy and
    one fused multiply (a kernel per tiny gradient would cost host time the C++ reducer does not pay), and the
-   bucket is ready. Ready buckets are launched (our allreduce, or the registered comm hook)
-   strictly in bucket-index order, so every rank issues the same collectives in the same order even if
-   gradients arrive in a different order.
+   bucket is ready. Ready buckets are launched (``bucket_launch``) strictly in bucket-index order, so every
+   rank issues the same collectives in the same order even if gradients arrive in a different order.
 3. When the last bucket is ready, a callback is queued on the running backward (like torch's reducer, so a
    reentrant backward, e.g. reentrant activation checkpointing, finishes inside it). When autograd finishes it
    waits for the buckets in order and copies each one's averages back into ``.grad`` as soon as it is reduced,
@@ -27,9 +26,9 @@
    rebuilt at the start of the next synchronized forward, before any activation exists, and the old ones are
    freed first unless ``.grad`` still lives in them (``gradient_as_bucket_view``).
 """
+
 from __future__ import annotations
 
-import warnings
 import weakref
 from typing import Callable, Sequence
 
@@ -38,14 +37,11 @@ import torch.distributed as dist
 from torch.autograd import Variable
 from torch.autograd.graph import get_gradient_edge
 
+from .bucket_launch import SUM, BucketLaunch
 from .bucket_store import EAGER_COPY_NUMEL, BucketStore
 from .buckets import ParamSpec, assign_buckets, initial_buckets
-from .comm_hooks import GradBucket
-from .process_groups import RoundRobinProcessGroup
 from .timing import IterationTiming
 from .write_back import WriteBack
-
-_SUM = dist.AllreduceOptions()  # built once: the default (sum), passed so that no call builds its own
 
 
 def hook_accumulators(params: Sequence[torch.Tensor], make_hook: Callable[[int], Callable]) -> tuple[list, list]:
@@ -59,10 +55,21 @@ def hook_accumulators(params: Sequence[torch.Tensor], make_hook: Callable[[int],
     return accumulators, [acc.register_hook(make_hook(i)) for i, acc in enumerate(accumulators)]
 
 
-class Reducer(BucketStore, WriteBack):
-    def __init__(self, params: Sequence[torch.nn.Parameter], names: Sequence[str], group, world_size: int,
-                 cap_bytes: int | list[int], first_cap_bytes: int, overlap: bool, find_unused_parameters: bool,
-                 gradient_as_bucket_view: bool, rebuild_buckets: bool, static_graph: bool = False):
+class Reducer(BucketStore, BucketLaunch, WriteBack):
+    def __init__(
+        self,
+        params: Sequence[torch.nn.Parameter],
+        names: Sequence[str],
+        group,
+        world_size: int,
+        cap_bytes: int | list[int],
+        first_cap_bytes: int,
+        overlap: bool,
+        find_unused_parameters: bool,
+        gradient_as_bucket_view: bool,
+        rebuild_buckets: bool,
+        static_graph: bool = False,
+    ):
         self.params = list(params)
         self.names = list(names)
         self.group = group
@@ -75,10 +82,7 @@ class Reducer(BucketStore, WriteBack):
         if static_graph:  # the first iteration finds the unused parameters once and for all
             find_unused_parameters = False
         self.find_unused = find_unused_parameters
-        self.static = static_graph
-        self._expected: list[int] | None = None  # static graph: hooks per parameter per backward, once learnt
-        self._static_skip: set[int] = set()  # static graph: parameters unused on every rank
-        self._static_unused: list[int] = []  # static graph: parameters unused on this rank
+        self._static_state(static_graph)
         self.as_view = gradient_as_bucket_view
         rebuild = rebuild_buckets and not find_unused_parameters  # torch never rebuilds with find_unused
         self.rebuild_pending = rebuild  # rebuilt once, after the first synchronized iteration
@@ -103,23 +107,13 @@ class Reducer(BucketStore, WriteBack):
         self._finalize_inline = False
         self._accumulators, self._hook_handles = hook_accumulators(self.params, self._make_hook)
 
-    # ---- per iteration --------------------------------------------------------------------------------
-    def check_prior_finished(self) -> None:
-        """Raise if the last armed backward began but never readied every bucket: its gradients were never
-        averaged (a parameter got no gradient, or backward raised). Like torch, the DDP stays in this state."""
-        if not (self.expect_hooks and self._started):
-            return
-        missing = [f"{n} (index {i})" for i, (n, ready) in enumerate(zip(self.names, self._ready)) if not ready]
-        raise RuntimeError(
-            "Expected to have finished reduction in the prior iteration before starting a new one: the previous "
-            f"backward did not reduce all gradients, so training on would use gradients that were never averaged. "
-            f"Parameters that did not receive grad on rank {dist.get_rank()}: {', '.join(missing)}. "
-            "Either that backward raised an exception (gradients of a failed backward cannot be averaged; rebuild "
-            "the DDP model, or retry in a way that completes backward on every rank), or these parameters took no "
-            "part in the loss: if they are legitimately unused in some iterations, construct "
-            "DistributedDataParallel with find_unused_parameters=True; otherwise make sure every output that "
-            "depends on them takes part in the loss.")
+    def _static_state(self, static_graph: bool) -> None:
+        self.static = static_graph
+        self._expected: list[int] | None = None  # static graph: hooks per parameter per backward, once learnt
+        self._static_skip: set[int] = set()  # static graph: parameters unused on every rank
+        self._static_unused: list[int] = []  # static graph: parameters unused on this rank
 
+    # ---- per iteration --------------------------------------------------------------------------------
     def prepare_for_backward(self, timing: IterationTiming | None, unused: list[int]) -> None:
         """Called by a synchronized forward: arm the hooks for the coming backward."""
         self.expect_hooks = True
@@ -134,8 +128,13 @@ class Reducer(BucketStore, WriteBack):
         # no usage, hook counts or gradient order to record: a hook after the first only readies its gradient
         self._plain = not self.static and self._used is None and self._order is None
         # and nothing but our allreduce per bucket, launched as soon as it can be: _ready_hot does it all inline
-        self._hot = self._plain and self.comm_hook is None and self.overlap and not self.as_view and (
-            timing is None or timing.bucket_ready is None)
+        self._hot = (
+            self._plain
+            and self.comm_hook is None
+            and self.overlap
+            and not self.as_view
+            and (timing is None or timing.bucket_ready is None)
+        )
         if self.static:  # the reducer knows the unused parameters itself once the first backward has run
             self._fired = [0] * len(self.params)
             self._unused = self._static_unused
@@ -158,6 +157,7 @@ class Reducer(BucketStore, WriteBack):
                     self._grad_ready(i)
             elif self._used is not None:
                 self._used[i] = 1  # a no_sync backward: its usage counts at the next synchronized one
+
         return hook
 
     def _grad_ready(self, i: int) -> None:
@@ -202,7 +202,8 @@ class Reducer(BucketStore, WriteBack):
                 f"parameter {self.names[i]} received its gradient twice in one backward, or it was taken as unused "
                 "by find_unused_parameters (no tensor of the forward's output reaches it: is the output a type "
                 "whose tensors cannot be found, or is the parameter behind reentrant checkpointing?); this DDP "
-                "supports one backward per forward and no parameter used by two separate backward passes")
+                "supports one backward per forward and no parameter used by two separate backward passes"
+            )
         ready[i] = True
         if self._eager[i]:  # large: copied now, while backward computes the rest
             self._fill_one(i, self.params[i].grad, self._scale if self.comm_hook is None else None)
@@ -249,7 +250,7 @@ class Reducer(BucketStore, WriteBack):
             while True:
                 if timing is not None and (b == 0 or timing.per_bucket):
                     timing.bucket_launch[b] = timing.clock.stamp()
-                self._futures[b] = self._bucket_groups[b].allreduce([self.flats[b]], _SUM)
+                self._futures[b] = self._bucket_groups[b].allreduce([self.flats[b]], SUM)
                 b += 1
                 if b == last or pending[b]:
                     break
@@ -257,133 +258,9 @@ class Reducer(BucketStore, WriteBack):
         if not self._buckets_left:
             Variable._execution_engine.queue_callback(self._finalize)
 
-    def _fill(self, b: int) -> None:
-        """Bucket ``b``'s small gradients, once all are final, into its flat tensor, averaged unless a comm hook
-        averages: one fused copy, then one multiply per stretch of the bucket holding only small gradients, not a
-        kernel each (the host issuing kernels is the bottleneck on a fast GPU; on CPU a fused multiply still runs
-        one kernel per tensor). Bitwise torch's average: the same multiply by 1 / world size."""
-        params = self._deferred_params[b]
-        if not params:
-            return
-        scale = self._scale if self.comm_hook is None else None
-        if len(params) == 1:  # one small gradient: one multiply into the bucket, not a fused copy and multiply
-            self._fill_one(self._deferred[b][0], params[0].grad, scale)
-            return
-        grads = [p.grad for p in params]
-        if self.as_view or any(g is None or g.requires_grad or g.is_sparse for g in grads):
-            for i, grad in zip(self._deferred[b], grads):
-                self._fill_one(i, grad, scale)
-            return
-        torch._foreach_copy_(self._deferred_views[b], grads)
-        if scale is not None:
-            torch._foreach_mul_(self._deferred_runs[b], scale)
-
-    def _fill_one(self, i: int, grad: torch.Tensor | None, scale: float | None) -> None:
-        """One gradient into its bucket, averaged unless a comm hook averages: a large one as soon as it is final, a
-        bucket's only small one, and the rarer cases (none yet, sparse, ``create_graph``, ``.grad`` as a view)."""
-        view = self.views[i]
-        if grad is None:
-            view.zero_()
-        elif grad.is_sparse:
-            raise RuntimeError(f"parameter {self.names[i]} has a sparse gradient, which this DDP does not support; "
-                               "use a dense embedding (sparse=False) or torch's DistributedDataParallel")
-        else:
-            if grad.requires_grad:  # backward(create_graph=True): average the values, not the graph (as torch)
-                self._warn_create_graph()
-                grad = grad.detach()
-            if scale is not None:
-                scale = self._factors.get(grad.dtype, scale)
-            if self.as_view and grad.data_ptr() == view.data_ptr():
-                if scale is not None:
-                    grad.mul_(scale)
-            else:
-                if scale is not None:
-                    torch.mul(grad, scale, out=view)
-                else:
-                    view.copy_(grad)
-                if self.as_view:
-                    self.params[i].grad = view
-
-    def _warn_create_graph(self) -> None:
-        if not self._warned_create_graph:
-            self._warned_create_graph = True
-            warnings.warn("DistributedDataParallel with backward(create_graph=True): gradients are averaged "
-                          "across ranks, but higher-order gradients are not synchronized (as in torch's DDP)",
-                          stacklevel=3)
-
-    def _launch_ready(self) -> None:
-        pending, last, b = self._pending, len(self.buckets), self._next_launch
-        while b < last and not pending[b]:
-            self._launch(b)
-            b += 1
-            self._next_launch = b
-        if b == last and self._used is not None:
-            self._launch_used_map()
-
-    def _launch(self, b: int) -> None:
-        timing = self.timing
-        if timing is not None and (b == 0 or timing.per_bucket):
-            timing.bucket_launch[b] = timing.clock.stamp()
-        traced = timing is not None and timing.bucket_done is not None
-        if self.comm_hook is None and not traced:  # the collective's own work: in place, no future to build
-            self._futures[b] = self._group_for(b).allreduce([self.flats[b]], _SUM)
-            return
-        self._futures[b] = self._reduce(b, self.flats[b], self._bucket_views[b])
-        if traced:
-            self._futures[b].add_done_callback(timing.stamp_done(b))
-
-    def _reduce(self, b: int, flat: torch.Tensor, views: list[torch.Tensor]) -> torch.futures.Future:
-        if self.comm_hook is None:  # in place on the ProcessGroup itself, as torch's C++ reducer does
-            return self._group_for(b).allreduce([flat], _SUM).get_future()
-        state = self.comm_state
-        if isinstance(state, RoundRobinProcessGroup):
-            state = state.group_for(b)
-        return self.comm_hook(state, GradBucket(b, flat, views, self._bucket_params[b], b == len(self.buckets) - 1))
-
-    # ---- uneven inputs (``join``) ---------------------------------------------------------------------
-    def set_divisor(self, ranks: int) -> None:
-        """Average this iteration's gradients over ``ranks`` (the ranks still training, in a join context)."""
-        self._set_scale(1.0 / ranks)
-
-    def _set_scale(self, scale: float) -> None:
-        self._scale = scale
-        # the factor also as a 0-dim tensor per dtype: a multiply by it costs half as much to issue as one by a
-        # Python number, and rounds as torch's does (float32/float64: to the gradient's dtype; others use the number)
-        self._factors = {d: torch.tensor(scale, dtype=d) for d in (torch.float32, torch.float64)}
-        self._param_factors = [self._factors.get(p.dtype, scale) for p in self.params]  # autograd keeps the dtype
-
     @property
     def static_graph_pending(self) -> bool:
         return self.static and self._expected is None
-
-    def reduce_zeros(self) -> None:
-        """A joined rank's share of one synchronized backward of the others: the same collectives, in the same
-        order, on zeros (the local usage bitmap for ``find_unused_parameters``), so the sum is the others'."""
-        if self._order is not None and not self._order:  # never ran a backward: give the rebuild an order
-            self._order = list(reversed(range(len(self.params))))
-        futures = []
-        for b, bucket in enumerate(self.buckets):
-            zeros = torch.zeros_like(self.flats[b])
-            views = [v.view(self.params[i].shape) for i, v in
-                     zip(bucket.param_indices, zeros.split([self.specs[i].numel for i in bucket.param_indices]))]
-            futures.append(self._reduce(b, zeros, views))
-        if self._used is not None:
-            self._launch_used_map()
-            futures.append(self._used_work.get_future())
-            self._used_work = self._used_map = None
-        for f in futures:
-            f.wait()
-
-    def _launch_used_map(self) -> None:
-        """Allreduce the usage bitmap; only a rank with a locally unused parameter will wait for it."""
-        used, self._used = self._used, bytearray(len(self.params))
-        device = self.params[0].device
-        host = torch.frombuffer(used, dtype=torch.uint8).to(torch.int32)
-        if device.type == "cuda":  # an asynchronous copy: no host sync unless a parameter is unused here
-            host = host.pin_memory()
-        self._used_map = host.to(device, non_blocking=True)
-        self._local_unused = 0 in used
-        self._used_work = dist.all_reduce(self._used_map, group=self.primary_group, async_op=True)
 
     def remove_hooks(self) -> None:
         for h in self._hook_handles:

@@ -16,6 +16,7 @@ Derived fields follow torch's DDP logging data (``forward_compute_time``, ``back
 ``backward_comm_time``, ``backward_compute_comm_overlap_time``; comm starts when the first bucket is launched),
 with ``_ms`` because ours are milliseconds, not torch's nanoseconds.
 """
+
 from __future__ import annotations
 
 import time
@@ -82,8 +83,19 @@ def clock_for(device: torch.device):
 class IterationTiming:
     """Raw stamps of one synchronized iteration; ``as_dict()`` turns them into milliseconds."""
 
-    __slots__ = ("clock", "per_bucket", "forward_start", "forward_end", "backward_start", "backward_end", "comm_end",
-                 "bucket_launch", "bucket_finish", "bucket_ready", "bucket_done")
+    __slots__ = (
+        "clock",
+        "per_bucket",
+        "forward_start",
+        "forward_end",
+        "backward_start",
+        "backward_end",
+        "comm_end",
+        "bucket_launch",
+        "bucket_finish",
+        "bucket_ready",
+        "bucket_done",
+    )
 
     def __init__(self, clock, num_buckets: int, trace: bool = False):
         self.clock = clock
@@ -98,8 +110,10 @@ class IterationTiming:
 
     def stamp_done(self, bucket: int):
         """A future callback that stamps ``bucket``'s completion when it happens."""
+
         def done(_future) -> None:
             self.bucket_done[bucket] = self.clock.stamp_from_callback()
+
         return done
 
     def as_dict(self) -> dict:
@@ -108,14 +122,21 @@ class IterationTiming:
         rel = lambda s: None if s is None else ms(t0, s)  # noqa: E731
         launches = [rel(s) for s in self.bucket_launch]
         finishes = [rel(s) for s in self.bucket_finish]
-        fwd_end, bwd_start, bwd_end, comm_end = (rel(s) for s in (self.forward_end, self.backward_start,
-                                                                   self.backward_end, self.comm_end))
+        fwd_end, bwd_start, bwd_end, comm_end = (
+            rel(s) for s in (self.forward_end, self.backward_start, self.backward_end, self.comm_end)
+        )
         started = [x for x in launches if x is not None]
         comm_start = min(started) if started else bwd_end
         comm = comm_end - comm_start
         overlap = min(max(0.0, bwd_end - comm_start), comm)
-        traced = {} if self.bucket_ready is None else {"bucket_ready_ms": [rel(s) for s in self.bucket_ready],
-                                                        "bucket_done_ms": [rel(s) for s in self.bucket_done]}
+        traced = (
+            {}
+            if self.bucket_ready is None
+            else {
+                "bucket_ready_ms": [rel(s) for s in self.bucket_ready],
+                "bucket_done_ms": [rel(s) for s in self.bucket_done],
+            }
+        )
         return {
             **traced,
             "forward_compute_time_ms": fwd_end,

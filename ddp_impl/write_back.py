@@ -1,5 +1,6 @@
 """The end of a synchronized backward (the reducer's item 3): wait for each bucket in order and write its averages
 back into ``.grad`` while later buckets are still in flight."""
+
 from __future__ import annotations
 
 import torch
@@ -7,7 +8,24 @@ import torch.distributed as dist
 
 
 class WriteBack:
-    """The reducer's finishing half, run once autograd has finished."""
+    """The reducer's finishing half, run once autograd has finished, and the check that it ran."""
+
+    def check_prior_finished(self) -> None:
+        """Raise if the last armed backward began but never readied every bucket: its gradients were never
+        averaged (a parameter got no gradient, or backward raised). Like torch, the DDP stays in this state."""
+        if not (self.expect_hooks and self._started):
+            return
+        missing = [f"{n} (index {i})" for i, (n, ready) in enumerate(zip(self.names, self._ready)) if not ready]
+        raise RuntimeError(
+            "Expected to have finished reduction in the prior iteration before starting a new one: the previous "
+            f"backward did not reduce all gradients, so training on would use gradients that were never averaged. "
+            f"Parameters that did not receive grad on rank {dist.get_rank()}: {', '.join(missing)}. "
+            "Either that backward raised an exception (gradients of a failed backward cannot be averaged; rebuild "
+            "the DDP model, or retry in a way that completes backward on every rank), or these parameters took no "
+            "part in the loss: if they are legitimately unused in some iterations, construct "
+            "DistributedDataParallel with find_unused_parameters=True; otherwise make sure every output that "
+            "depends on them takes part in the loss."
+        )
 
     def _finalize(self) -> None:
         """Runs once autograd has finished: wait for each bucket, write its averages back to ``.grad``."""
@@ -15,9 +33,7 @@ class WriteBack:
         self._started = False
         timing = self.timing
         if timing is not None:
-            timing.backward_end = timing.clock.stamp()
-            if timing.backward_start is None:
-                timing.backward_start = timing.backward_end
+            _stamp_backward_end(timing)
         if not self.overlap:
             self._launch_ready()
         futures, self._futures = self._futures, []  # their values hold the buckets: not kept past this iteration
@@ -26,11 +42,7 @@ class WriteBack:
         in_place = bool(futures) and isinstance(futures[0], dist.Work)
         # The common case: each bucket goes back to .grad as soon as it is reduced, while later buckets are still
         # in flight. Views, unused-parameter detection and missing .grad go through _write_back at the end.
-        grads = None
-        if not (self.as_view or self._used is not None or self._static_skip):
-            grads = [p.grad for p in self.params]
-            if any(g is None for g in grads):
-                grads = None
+        grads = self._grads_to_fill()
         per_bucket = timing is not None and timing.per_bucket
         if per_bucket:  # finish stamped here, not by a callback on the comm thread; on the host clock a bucket
             # already done now reads as done now, not after the write-back of the buckets before it
@@ -62,14 +74,26 @@ class WriteBack:
                     else:
                         torch._foreach_copy_([grads[i] for i in self.buckets[b].param_indices], views)
             if grads is None:
-                unused_everywhere = set(self._static_skip)
-                if self._used_work is not None:
-                    self._used_work.wait()
-                    if self._local_unused:  # only then is the bitmap read on the host
-                        unused_everywhere = set((self._used_map == 0).nonzero().flatten().tolist())
-                    self._used_work = self._used_map = None
-                self._write_back(unused_everywhere)
+                self._write_back(self._unused_everywhere())
         self.last_timing = timing
+
+    def _grads_to_fill(self) -> list[torch.Tensor] | None:
+        """Every ``.grad``, to fill bucket by bucket as each is reduced; None where the end goes through
+        :meth:`_write_back` (views, unused parameters, a parameter without ``.grad`` yet)."""
+        if self.as_view or self._used is not None or self._static_skip:
+            return None
+        grads = [p.grad for p in self.params]
+        return None if any(g is None for g in grads) else grads
+
+    def _unused_everywhere(self) -> set[int]:
+        """The parameters no rank used in this iteration (static graph, or the allreduced usage bitmap)."""
+        unused = set(self._static_skip)
+        if self._used_work is not None:
+            self._used_work.wait()
+            if self._local_unused:  # only then is the bitmap read on the host
+                unused = set((self._used_map == 0).nonzero().flatten().tolist())
+            self._used_work = self._used_map = None
+        return unused
 
     def _write_back(self, skip: set[int]) -> None:
         """The rarer cases after all buckets are reduced: ``.grad`` as bucket views, unused-parameter detection
@@ -90,3 +114,9 @@ class WriteBack:
                 views.append(self.views[i])
         if grads:
             torch._foreach_copy_(grads, views)
+
+
+def _stamp_backward_end(timing) -> None:
+    timing.backward_end = timing.clock.stamp()
+    if timing.backward_start is None:
+        timing.backward_start = timing.backward_end

@@ -14,6 +14,7 @@ figure's Config extends :class:`Timed` or :class:`ModelSweep` (the settings they
 with :func:`experiments.plotting.finish`, so a driver holds only what its figure adds; the statistics over
 repetitions are in ``experiments/verdicts.py``.
 """
+
 from __future__ import annotations
 
 import math
@@ -21,8 +22,9 @@ from dataclasses import dataclass
 
 import pandas as pd
 
-from harness import TrainConfig, env
+from harness import TrainConfig
 from harness.config import DEFAULT_NET
+from harness.launch import env
 
 
 @dataclass(frozen=True)
@@ -30,7 +32,7 @@ class Timed:
     """Settings every timed figure shares; every field is a --key=value override."""
 
     backends: tuple[str, ...] = ("gloo", "nccl")  # gloo | nccl | mpi; those this machine cannot run are left out
-    profile: str = "auto"  # paper | cpu | auto (cpu without a GPU): input sizes, see harness.models
+    profile: str = "auto"  # paper | cpu | auto (cpu without a GPU): input sizes, see harness.workloads.models
     iters: int = 10  # measured iterations per point, repetition and rank
     warmup: int = 2  # iterations run before measuring, per point and repetition, never stored
     # the link emulated per rank on CPU-only machines: RATE (e.g. 1gbit) | auto | loopback = none (harness/README.md)
@@ -44,7 +46,8 @@ class Timed:
 class ModelSweep(Timed):
     """A timed figure of training iterations, one panel per (model, backend)."""
 
-    # the models, a panel each: small | resnet50 | resnet101 | bert-base | bert-large | tiny-layers (harness.models)
+    # the models, a panel each (harness.workloads.models):
+    # small | resnet50 | resnet101 | bert-base | bert-large | tiny-layers
     models: tuple[str, ...] = ("resnet50", "bert-base")
 
     def train_points(self, world_size: int, **fields) -> list[TrainConfig]:
@@ -53,12 +56,16 @@ class ModelSweep(Timed):
         backends, _ = split_backends(self.backends, world_size)
         hosts = 1 if fields.get("impl") == "local" else self.hosts  # no communication, nothing between hosts
         shared = dict(profile=self.profile, iters=self.iters, warmup=self.warmup, net=self.net, hosts=hosts)
-        return [TrainConfig(model=m, backend=b, world_size=world_size, repeat=r, **{**shared, **fields})
-                for r in range(self.repeats) for m in self.models for b in backends]
+        return [
+            TrainConfig(model=m, backend=b, world_size=world_size, repeat=r, **{**shared, **fields})
+            for r in range(self.repeats)
+            for m in self.models
+            for b in backends
+        ]
 
 
 def ranks(cfg) -> str:
-    """"4 ranks", or "4 ranks on 2 emulated hosts", for titles."""
+    """ "4 ranks", or "4 ranks on 2 emulated hosts", for titles."""
     hosts = getattr(cfg, "hosts", 1)
     return f"{cfg.world_size} ranks" + (f" on {hosts} emulated hosts" if hosts > 1 else "")
 
@@ -79,8 +86,9 @@ def split_backends(backends, world_size: int) -> tuple[list[str], dict[str, str]
     gpus, local = cuda_gpus(), env.ranks_on_this_node(world_size)
     for b in backends:
         if b == "nccl" and gpus < local:
-            unavailable[b] = (f"NCCL unavailable here: {gpus} CUDA GPU(s) for {local} ranks"
-                              " (run on a GPU machine or cluster)")
+            unavailable[b] = (
+                f"NCCL unavailable here: {gpus} CUDA GPU(s) for {local} ranks (run on a GPU machine or cluster)"
+            )
         elif b == "mpi" and not mpi_available():
             unavailable[b] = "MPI unavailable here: this torch build has no MPI (torch.distributed.is_mpi_available())"
         else:
@@ -145,9 +153,13 @@ def auto_meant_loopback(df: pd.DataFrame) -> pd.Series:
     """Per row, whether ``net=auto`` resolved to loopback where the row was measured (``net_auto_loopback``);
     rows stored before that column existed are judged from their own columns by the same rule."""
     col = lambda name, fill: df.get(name, pd.Series(fill, index=df.index)).fillna(fill)  # noqa: E731
-    judged = ((col("backend", "") == "nccl") | ~col("device_name", "cpu").isin(["cpu", ""])
-              | (col("world_size", 2).astype(int) == 1) | (col("impl", "") == "local")
-              | ~col("point_type", "TrainConfig").isin(["TrainConfig", "AllreduceConfig"]))
+    judged = (
+        (col("backend", "") == "nccl")
+        | ~col("device_name", "cpu").isin(["cpu", ""])
+        | (col("world_size", 2).astype(int) == 1)
+        | (col("impl", "") == "local")
+        | ~col("point_type", "TrainConfig").isin(["TrainConfig", "AllreduceConfig"])
+    )
     stored = df.get("net_auto_loopback")
     return judged if stored is None else stored.astype("boolean").fillna(judged).astype(bool)
 

@@ -1,6 +1,7 @@
 """A legible figure, checked by machine: no legend covers what its axes draw and no two tick labels of an axis
 collide. :func:`tidy` moves legends and turns or shrinks tick labels until that holds; the test of every reference
 figure reads the same functions (:func:`covered`, :func:`drawn_tick_labels`, :func:`colliding`)."""
+
 from __future__ import annotations
 
 import numpy as np
@@ -8,8 +9,16 @@ from matplotlib.collections import LineCollection, PathCollection
 from matplotlib.ticker import NullFormatter
 from matplotlib.transforms import Bbox
 
-LEGEND_SPOTS = ("upper right", "upper left", "lower left", "lower right", "center right", "center left",
-                "upper center", "lower center")  # tried in turn where a legend covers data
+LEGEND_SPOTS = (
+    "upper right",
+    "upper left",
+    "lower left",
+    "lower right",
+    "center right",
+    "center left",
+    "upper center",
+    "lower center",
+)  # tried in turn where a legend covers data
 HEADROOM = 0.45  # at most this share of an axes' height is added above the data to make room for its legend
 
 
@@ -70,20 +79,32 @@ def covered(box: Bbox, ax, renderer) -> bool:
     frame = ax.get_window_extent(renderer)
     box = box.padded(1)
     points = _drawn_points(ax)
-    inside = points[(points[:, 0] >= frame.x0) & (points[:, 0] <= frame.x1)
-                    & (points[:, 1] >= frame.y0) & (points[:, 1] <= frame.y1)]
-    if len(inside) and ((inside[:, 0] >= box.x0) & (inside[:, 0] <= box.x1) & (inside[:, 1] >= box.y0)
-                        & (inside[:, 1] <= box.y1)).any():
+    inside = points[
+        (points[:, 0] >= frame.x0)
+        & (points[:, 0] <= frame.x1)
+        & (points[:, 1] >= frame.y0)
+        & (points[:, 1] <= frame.y1)
+    ]
+    if (
+        len(inside)
+        and (
+            (inside[:, 0] >= box.x0) & (inside[:, 0] <= box.x1) & (inside[:, 1] >= box.y0) & (inside[:, 1] <= box.y1)
+        ).any()
+    ):
         return True
     for artist in [*ax.patches, *ax.texts]:
         if artist.get_visible() and (not hasattr(artist, "get_text") or artist.get_text()):
             seen = Bbox.intersection(artist.get_window_extent(renderer), frame)
             if seen is not None and seen.width > 0 and seen.height > 0 and seen.overlaps(box):
                 return True
-    return any(c.get_visible() and not isinstance(c, (PathCollection, LineCollection))
-               and any(path.intersects_bbox(box, filled=True) for path in
-                       (p.transformed(c.get_transform()) for p in c.get_paths()))
-               for c in ax.collections)
+    return any(
+        c.get_visible()
+        and not isinstance(c, (PathCollection, LineCollection))
+        and any(
+            path.intersects_bbox(box, filled=True) for path in (p.transformed(c.get_transform()) for p in c.get_paths())
+        )
+        for c in ax.collections
+    )
 
 
 def _drawn_points(ax) -> np.ndarray:
@@ -123,8 +144,10 @@ def drawn_tick_labels(axis) -> list:
     lo, hi = sorted(axis.get_view_interval())
     span = (hi - lo) * 1e-9
     out = []
-    for ticks, locs in ((axis.get_major_ticks(len(axis.get_majorticklocs())), axis.get_majorticklocs()),
-                        (axis.get_minor_ticks(len(axis.get_minorticklocs())), axis.get_minorticklocs())):
+    for ticks, locs in (
+        (axis.get_major_ticks(len(axis.get_majorticklocs())), axis.get_majorticklocs()),
+        (axis.get_minor_ticks(len(axis.get_minorticklocs())), axis.get_minorticklocs()),
+    ):
         for tick, loc in zip(ticks, locs):
             for label in (tick.label1, tick.label2):
                 if label.get_visible() and label.get_text() and lo - span <= loc <= hi + span:
@@ -136,7 +159,7 @@ def colliding(labels, renderer) -> bool:
     """Whether two of ``labels`` (texts) overlap on screen by more than a pixel each way."""
     boxes = [t.get_window_extent(renderer) for t in labels]
     for i, a in enumerate(boxes):
-        for b in boxes[i + 1:]:
+        for b in boxes[i + 1 :]:
             if min(a.x1, b.x1) - max(a.x0, b.x0) > 1 and min(a.y1, b.y1) - max(a.y0, b.y0) > 1:
                 return True
     return False

@@ -1,17 +1,19 @@
 """Figures 6-9 at the paper's scale, simulated: a panel of dashed lines labelled "simulated" beside the measured
-panels (never mixed into them), on a named cluster of :mod:`simulator.clusters` (``--cluster=NAME`` on the
+panels (never mixed into them), on a named cluster of :mod:`simulator.model.clusters` (``--cluster=NAME`` on the
 figure's command line; ``--cluster=`` leaves the panel out).
 
-    python -m experiments.paper_scale [--cluster=paper-v100] [--bandwidth=1.3]   the paper's claims at its scale,
+    python -m experiments paper-scale [--cluster=paper-v100] [--bandwidth=1.3]   the paper's claims at its scale,
                                         as simulated (--bandwidth scales every link's rate: how much they matter)
 
 The numbers are predictions from measurements made elsewhere (the cluster's sources), each with a stated range that
 the bands span; nothing is fitted to the paper, whose numbers are checks (REPRODUCTION.md, "At the paper's scale").
 """
+
 from __future__ import annotations
 
 import sys
 
+from ddp_impl import DEFAULT_BUCKET_CAP_MB
 from experiments import common
 
 DEFAULT_CLUSTER = "paper-v100"
@@ -24,24 +26,41 @@ LABEL = "simulated"
 def check(cluster: str) -> None:
     """Refuse an unknown cluster before anything runs ('' is allowed: no simulated panel)."""
     if cluster:
-        from simulator.clusters import cluster as named
+        from simulator.model.clusters import cluster as named
 
         named(cluster)
 
 
-def predict(cluster, model: str, backend: str, gpus: int, bucket_cap_mb: float = 25.0, overlap: bool = True,
-            at=None, batch: int | None = None):
-    from simulator.clusters import MIDDLE, cluster_calibration
-    from simulator.predict import Scenario, predict as simulate
+def predict(
+    cluster,
+    model: str,
+    backend: str,
+    gpus: int,
+    bucket_cap_mb: float = float(DEFAULT_BUCKET_CAP_MB),
+    overlap: bool = True,
+    at=None,
+    batch: int | None = None,
+):
+    from simulator.model.clusters import MIDDLE, cluster_calibration
+    from simulator.model.scenario import Scenario
+    from simulator.model.scenario import predict as simulate
+    from simulator.probe.flops import count_flops
 
-    cal = cluster_calibration(cluster, model, backend, gpus, batch, at or MIDDLE)
+    cal = cluster_calibration(cluster, model, backend, gpus, batch, at or MIDDLE, count_flops)
     return simulate(cal, Scenario(bucket_cap_mb=bucket_cap_mb, overlap=overlap))
 
 
-def predicted_band(cluster, model: str, backend: str, gpus: int, bucket_cap_mb: float = 25.0, overlap: bool = True,
-                   batch: int | None = None) -> tuple[float, float, float]:
-    """(lowest, middle, highest) predicted latency over the assumptions' ranges (simulator.clusters.band)."""
-    from simulator.clusters import band
+def predicted_band(
+    cluster,
+    model: str,
+    backend: str,
+    gpus: int,
+    bucket_cap_mb: float = float(DEFAULT_BUCKET_CAP_MB),
+    overlap: bool = True,
+    batch: int | None = None,
+) -> tuple[float, float, float]:
+    """(lowest, middle, highest) predicted latency over the assumptions' ranges (simulator.model.clusters.band)."""
+    from simulator.model.clusters import band
 
     return band(lambda at: predict(cluster, model, backend, gpus, bucket_cap_mb, overlap, at, batch)["predicted_ms"])
 
@@ -55,7 +74,7 @@ def _style(ax, cluster: str) -> None:
 
 def _line_with_band(ax, x, bands, label: str):
     lo, mid, hi = zip(*bands)
-    line, = ax.plot(x, mid, "--", marker="s", ms=4, label=f"{label} (band: assumptions' ranges)")
+    (line,) = ax.plot(x, mid, "--", marker="s", ms=4, label=f"{label} (band: assumptions' ranges)")
     ax.fill_between(x, lo, hi, color=line.get_color(), alpha=0.18, lw=0)
     return line, list(mid)
 
@@ -79,8 +98,12 @@ def draw_caps(ax, cluster: str, model: str, gpus: int, caps) -> None:
 def draw_scaling(ax, cluster: str, model: str, bucket_cap_mb: float) -> None:
     """Predicted latency vs GPUs (log axis) per backend with its band, and the compute-only ideal."""
     for backend in BACKENDS:
-        _line_with_band(ax, SCALING_GPUS, [predicted_band(cluster, model, backend, n, bucket_cap_mb)
-                                           for n in SCALING_GPUS], f"{LABEL}: DDP, {backend}")
+        _line_with_band(
+            ax,
+            SCALING_GPUS,
+            [predicted_band(cluster, model, backend, n, bucket_cap_mb) for n in SCALING_GPUS],
+            f"{LABEL}: DDP, {backend}",
+        )
     ideal = predict(cluster, model, BACKENDS[0], 1, bucket_cap_mb)["predicted_ms"]
     ax.axhline(ideal, ls=":", color="k", lw=1, label="ideal: 1 GPU's latency")
     ax.set_xscale("log", base=2)
@@ -95,7 +118,8 @@ def draw_overlap(ax, cluster: str, models, gpus: int, bucket_cap_mb: float, colo
     """Stacked predicted phases (forward, backward compute, DDP's host work and exposed communication, optimizer) per
     model, backend and overlap on/off, hatched as simulated; a whisker spans each total's band, and the overlap
     speedup is labelled with its range."""
-    from simulator.clusters import band, overlap_speedup
+    from simulator.model.clusters import band, overlap_speedup
+    from simulator.probe.flops import count_flops
 
     bars = [(m, b, ov) for m in models for b in BACKENDS for ov in (False, True)]
     parts = ("forward_ms", "backward_compute_ms", "exposed_comm_ms", "optimizer_ms")
@@ -106,14 +130,19 @@ def draw_overlap(ax, cluster: str, models, gpus: int, bucket_cap_mb: float, colo
         ax.bar(range(len(bars)), heights, bottom=bottom, color=color, hatch="//", edgecolor="w", width=0.7)
         bottom = [b + h for b, h in zip(bottom, heights)]
     totals = [predicted_band(cluster, m, b, gpus, bucket_cap_mb, ov) for m, b, ov in bars]
-    ax.errorbar(range(len(bars)), bottom, yerr=[[t - lo for t, (lo, _, _) in zip(bottom, totals)],
-                                                [hi - t for t, (_, _, hi) in zip(bottom, totals)]],
-                fmt="none", ecolor="0.25", capsize=3, lw=1)
+    ax.errorbar(
+        range(len(bars)),
+        bottom,
+        yerr=[[t - lo for t, (lo, _, _) in zip(bottom, totals)], [hi - t for t, (_, _, hi) in zip(bottom, totals)]],
+        fmt="none",
+        ecolor="0.25",
+        capsize=3,
+        lw=1,
+    )
     for i, (m, b, ov) in enumerate(bars):
         if ov:
-            lo, mid, hi = band(lambda at: overlap_speedup(cluster, m, b, gpus, bucket_cap_mb, at))
-            ax.annotate(f"{mid:+.0f}%\n[{lo:+.0f}, {hi:+.0f}]", (i, totals[i][2]), ha="center", va="bottom",
-                        fontsize=6)
+            lo, mid, hi = band(lambda at: overlap_speedup(cluster, m, b, gpus, bucket_cap_mb, at, count_flops))
+            ax.annotate(f"{mid:+.0f}%\n[{lo:+.0f}, {hi:+.0f}]", (i, totals[i][2]), ha="center", va="bottom", fontsize=6)
     ax.set_xticks(range(len(bars)), [f"{m}\n{b}\n{'overlap' if ov else 'none'}" for m, b, ov in bars], fontsize=6)
     ax.set_ylabel(f"predicted latency per iteration (ms), {gpus} GPUs")
     ax.set_ylim(0, max(hi for _, _, hi in totals) * 1.3)
@@ -123,15 +152,15 @@ def draw_overlap(ax, cluster: str, models, gpus: int, bucket_cap_mb: float, colo
 
 def caption(cluster) -> str:
     """The figure's caption sentence for its simulated panel ('' without a cluster). At length: the shaded panels are
-    simulated, not measured, on the named cluster (its description and device in ``simulator.clusters``), at
+    simulated, not measured, on the named cluster (its description and device in ``simulator.model.clusters``), at
     paper-profile batches, with compute from published single-GPU measurements and nothing fitted to the paper;
-    bands and whiskers span each assumption's stated range; numbers and sources in simulator/cluster_data.py,
+    bands and whiskers span each assumption's stated range; numbers and sources in simulator/model/cluster_data.py,
     checks in REPRODUCTION.md."""
-    from simulator.clusters import cluster as named
+    from simulator.model.clusters import cluster as named
 
     if not cluster:
         return ""
-    return f". Shaded panels: simulated on {named(cluster).name} (simulator/cluster_data.py)"
+    return f". Shaded panels: simulated on {named(cluster).name} (simulator/model/cluster_data.py)"
 
 
 CAPS = (0, 1, 5, 10, 25, 50, 100, 1000)
@@ -145,29 +174,50 @@ def _fmt(b, unit: str = "", digits: int = 0) -> str:
 def claims_at_scale(cluster=DEFAULT_CLUSTER, models=("resnet50", "bert-base")) -> list[tuple[str, str, str]]:
     """The paper's claims as the simulation answers them at the paper's world sizes: (claim, simulated with its band,
     the paper's) per row (REPRODUCTION.md adds the agreement)."""
-    from simulator.clusters import PAPER_OVERLAP_SPEEDUP, band, overlap_speedup
+    from simulator.model.clusters import PAPER_OVERLAP_SPEEDUP, band, overlap_speedup
+    from simulator.probe.flops import count_flops
 
     rows = []
     for model in models:
         for backend in BACKENDS:
-            gain = band(lambda at: overlap_speedup(cluster, model, backend, GPUS["fig6"], 25, at))
-            rows.append((f"fig6 overlap speedup, {model}/{backend}, {GPUS['fig6']} GPUs", _fmt(gain, "%", 1),
-                         f"{PAPER_OVERLAP_SPEEDUP[model, backend]:.1f}%"))
+            gain = band(
+                lambda at: overlap_speedup(
+                    cluster, model, backend, GPUS["fig6"], DEFAULT_BUCKET_CAP_MB, at, count_flops
+                )
+            )
+            rows.append(
+                (
+                    f"fig6 overlap speedup, {model}/{backend}, {GPUS['fig6']} GPUs",
+                    _fmt(gain, "%", 1),
+                    f"{PAPER_OVERLAP_SPEEDUP[model, backend]:.1f}%",
+                )
+            )
     for fig in ("fig7", "fig8"):
         for model in models:
             for backend in BACKENDS:
                 ms = {c: predict(cluster, model, backend, GPUS[fig], c)["predicted_ms"] for c in CAPS}
                 best, worst = min(ms, key=ms.get), max(ms, key=ms.get)
                 spread = band(lambda at: _spread(cluster, model, backend, GPUS[fig], at))
-                rows.append((f"{fig} bucket size, {model}/{backend}, {GPUS[fig]} GPUs",
-                             f"best {common.fmt_mb(best)} MiB, worst {common.fmt_mb(worst)} MiB, best vs worst "
-                             f"{_fmt(spread, 'x', 2)}", "more than 2x; best between the extremes; BERT's larger"))
+                rows.append(
+                    (
+                        f"{fig} bucket size, {model}/{backend}, {GPUS[fig]} GPUs",
+                        f"best {common.fmt_mb(best)} MiB, worst {common.fmt_mb(worst)} MiB, best vs worst "
+                        f"{_fmt(spread, 'x', 2)}",
+                        "more than 2x; best between the extremes; BERT's larger",
+                    )
+                )
     for model in models:
         for backend in BACKENDS:
-            eff = band(lambda at: 100 * predict(cluster, model, backend, 1, at=at)["predicted_ms"]
-                       / predict(cluster, model, backend, 256, at=at)["predicted_ms"])
-            rows.append((f"fig9 weak scaling, {model}/{backend}, 1 -> 256 GPUs", f"efficiency {_fmt(eff, '%')}",
-                         "near-linear"))
+            eff = band(
+                lambda at: (
+                    100
+                    * predict(cluster, model, backend, 1, at=at)["predicted_ms"]
+                    / predict(cluster, model, backend, 256, at=at)["predicted_ms"]
+                )
+            )
+            rows.append(
+                (f"fig9 weak scaling, {model}/{backend}, 1 -> 256 GPUs", f"efficiency {_fmt(eff, '%')}", "near-linear")
+            )
     return rows
 
 
@@ -177,10 +227,10 @@ def _spread(cluster, model, backend, gpus, at) -> float:
 
 
 def published_checks(cluster=DEFAULT_CLUSTER) -> list[tuple[str, str, str, str]]:
-    """Published multi-GPU DDP runs on the paper's shape of cluster (simulator.clusters.PUBLISHED_SCALING): the
+    """Published multi-GPU DDP runs on the paper's shape of cluster (simulator.model.clusters.PUBLISHED_SCALING): the
     one-GPU throughput calibrates the compute, the multi-GPU ones only check it. (point, simulated ms with band,
     measured ms, miss of the middle)."""
-    from simulator.clusters import PUBLISHED_SCALING
+    from simulator.model.clusters import PUBLISHED_SCALING
 
     rows = []
     for (model, batch), runs in PUBLISHED_SCALING.items():
@@ -188,25 +238,35 @@ def published_checks(cluster=DEFAULT_CLUSTER) -> list[tuple[str, str, str, str]]
             if gpus == 1:
                 continue
             measured = batch * gpus / per_s * 1000
-            sim = predicted_band(cluster, model, "nccl", gpus, 25.0, batch=batch)
-            rows.append((f"{model} batch {batch}, {gpus} GPUs", _fmt(sim, " ms"), f"{measured:.0f} ms",
-                         f"{100 * (sim[1] / measured - 1):+.0f}%"))
+            sim = predicted_band(cluster, model, "nccl", gpus, float(DEFAULT_BUCKET_CAP_MB), batch=batch)
+            rows.append(
+                (
+                    f"{model} batch {batch}, {gpus} GPUs",
+                    _fmt(sim, " ms"),
+                    f"{measured:.0f} ms",
+                    f"{100 * (sim[1] / measured - 1):+.0f}%",
+                )
+            )
     return rows
 
 
 def main(argv=None) -> int:
-    from harness.config import OneLineParser
-    from harness.errors import command_line, refusing
+    from harness.cli import OneLineParser
+    from harness.launch.errors import command_line, refusing
 
     def body() -> int:
-        parser = OneLineParser(prog="python -m experiments.paper_scale", description=__doc__.split("\n\n")[0])
-        parser.add_argument("--cluster", default=DEFAULT_CLUSTER, help="the named GPU cluster simulated "
-                            f"(simulator/cluster_data.py) (default: {DEFAULT_CLUSTER})")
-        parser.add_argument("--bandwidth", type=float, default=1.0,
-                            help="every link's bandwidth times this (default: 1.0)")
+        parser = OneLineParser(prog="python -m experiments paper-scale", description=__doc__.split("\n\n")[0])
+        parser.add_argument(
+            "--cluster",
+            default=DEFAULT_CLUSTER,
+            help=f"the named GPU cluster simulated (simulator/model/cluster_data.py) (default: {DEFAULT_CLUSTER})",
+        )
+        parser.add_argument(
+            "--bandwidth", type=float, default=1.0, help="every link's bandwidth times this (default: 1.0)"
+        )
         ns = parser.parse_args(argv)
         with refusing():
-            from simulator.clusters import cluster
+            from simulator.model.clusters import cluster
 
             chosen = cluster(ns.cluster).with_bandwidth(ns.bandwidth)
         print("\n".join(" | ".join(row) for row in claims_at_scale(chosen)))
@@ -214,7 +274,7 @@ def main(argv=None) -> int:
         print("\n".join(" | ".join(row) for row in published_checks(chosen)))
         return 0
 
-    return command_line("python -m experiments.paper_scale", body)
+    return command_line("python -m experiments paper-scale", body)
 
 
 if __name__ == "__main__":

@@ -1,12 +1,14 @@
 """The figure drivers and their stored results: which drivers exist, the settings of a figure's last run, and
 drawing or reporting a figure from what is stored. Used by ``python -m experiments``, the notebook and the tests.
 :func:`figures` lists every figure that can be redrawn from stored results: the drivers', their variants stored
-beside them (``<FIGURE>_hosts/``), the tools' (``tune``, ``simval``, ``timeline``) and the claims chart.
+beside them (``<FIGURE>_hosts/``), the tools' (``tune``, ``simval``, ``timeline``: ``experiments.tool_figures``)
+and the claims chart (``experiments.claims_chart``).
 
 A driver is a ``figNN_*.py`` module in ``experiments/figures/`` with ``FIGURE``, ``PAPER``, a ``Config`` dataclass,
 ``points(cfg)``, ``plot(df, cfg)`` and optionally ``summarize(df, cfg)`` and ``claims(df, cfg)`` (its numbers
 beside the paper's, gathered by :func:`draw_claims` into one chart).
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -21,7 +23,7 @@ from typing import Callable
 import pandas as pd
 
 import experiments.figures
-from experiments import common, plotting, verdicts
+from experiments import claims_chart, plotting, tool_figures, verdicts
 from harness import load_results
 from harness.results import REFERENCE, REPO_ROOT, results_root
 
@@ -33,14 +35,14 @@ BEYOND_THE_PAPER = ("zero",)  # drivers with the same contract whose figures the
 
 def drivers() -> dict:
     """FIGURE name -> driver module, for every ``figNN_*.py`` in ``experiments/figures/``, then those beyond the
-    paper (tools with the same contract, in ``experiments/``)."""
+    paper (drivers with the same contract, in ``experiments/figures/``)."""
     found = {}
     for info in pkgutil.iter_modules(experiments.figures.__path__):
         if info.name.startswith("fig") and info.name[3:5].isdigit():
             module = importlib.import_module(f"experiments.figures.{info.name}")
             found[module.FIGURE] = module
     figures = dict(sorted(found.items(), key=lambda kv: int(kv[0].removeprefix("fig"))))
-    return figures | {name: importlib.import_module(f"experiments.{name}") for name in BEYOND_THE_PAPER}
+    return figures | {name: importlib.import_module(f"experiments.figures.{name}") for name in BEYOND_THE_PAPER}
 
 
 # What a figure reads, under a results folder: a driver's (or variant's) points, else the tools' own files.
@@ -116,9 +118,14 @@ def figures(root=None) -> dict[str, Callable[[], Path | None]]:
     for name, driver in drivers().items():
         found[name] = partial(draw, driver, root=root)
         found |= variants(driver, root)
-    found |= {"tune": partial(draw_tune, root), "simval": partial(draw_simval, root),
-              "timeline": partial(draw_timeline, root), "claims": partial(draw_claims, root)}
+    found |= {name: partial(_draw_tool, name, root) for name in tool_figures.DRAW}
+    found["claims"] = partial(draw_claims, root)
     return found
+
+
+def _draw_tool(name: str, root=None) -> Path | None:
+    """A tool's figure (``experiments.tool_figures``) from the results folder :func:`root_for` picks for it."""
+    return tool_figures.DRAW[name](root_for(name, root), root)
 
 
 def variants(driver, root=None) -> dict[str, Callable[[], Path | None]]:
@@ -129,23 +136,33 @@ def variants(driver, root=None) -> dict[str, Callable[[], Path | None]]:
     out: dict[str, Callable[[], Path | None]] = {}
     source = root_for(f"{driver.FIGURE}_*", root, announce=False)
     for folder in sorted(results_root(source).glob(f"{driver.FIGURE}_*")):
-        experiment, what = folder.name, folder.name[len(driver.FIGURE) + 1:]
+        experiment, what = folder.name, folder.name[len(driver.FIGURE) + 1 :]
         df = load_results(experiment, source) if (folder / "points").is_dir() else pd.DataFrame()
         if df.empty:
             continue
         if what != "hosts":
-            out[f"{driver.FIGURE}-{what}"] = partial(draw, driver, partial(_config_from_rows, driver, source), root,
-                                                     experiment, f"{driver.FIGURE}-{what}")
+            out[f"{driver.FIGURE}-{what}"] = partial(
+                draw, driver, partial(_config_from_rows, driver, source), root, experiment, f"{driver.FIGURE}-{what}"
+            )
             continue
         for hosts in sorted({int(h) for h in _communicating(df).get("hosts", pd.Series(dtype=float)).fillna(1)}):
             out[f"{driver.FIGURE}-hosts{hosts}"] = partial(
-                draw, driver, partial(_config_from_rows, driver, source, hosts=hosts), root, experiment,
-                f"{driver.FIGURE}-hosts{hosts}")
+                draw,
+                driver,
+                partial(_config_from_rows, driver, source, hosts=hosts),
+                root,
+                experiment,
+                f"{driver.FIGURE}-hosts{hosts}",
+            )
     return out
 
 
-_FROM_ROWS = {"models": "model", "world_size": "world_size", "world_sizes": "world_size",
-              "bucket_caps_mb": "bucket_cap_mb"}  # Config field -> the column it is read from
+_FROM_ROWS = {
+    "models": "model",
+    "world_size": "world_size",
+    "world_sizes": "world_size",
+    "bucket_caps_mb": "bucket_cap_mb",
+}  # Config field -> the column it is read from
 
 
 def _config_from_rows(driver, root, df: pd.DataFrame, hosts: int | None = None):
@@ -173,77 +190,6 @@ def _communicating(df: pd.DataFrame) -> pd.DataFrame:
     return df[df["impl"] != "local"] if "impl" in df.columns else df
 
 
-def draw_tune(root=None) -> Path | None:
-    """``tune.png`` from a stored tuning run: the recommendation from its stored calibration probe (the newest,
-    where several are stored) over the default grid of caps, beside the caps measured for it. No probe, no run."""
-    from experiments import tune
-    from simulator.calibrate import Calibration
-    from simulator.tune import recommend
-
-    cals = []
-    source = root_for("tune", root)
-    for path in sorted((results_root(source) / tune.EXPERIMENT / "calibrations").glob("*.json")):
-        try:
-            cals.append(Calibration.load(path, stored_run=True))
-        except (ValueError, TypeError, KeyError) as exc:  # an older version's probe
-            print(f"[tune] {path.name} left out: {exc}")
-    if not cals:
-        print("[tune] no stored results yet; run `make tune` first")
-        return None
-    cal = max(cals, key=lambda c: str(c.meta.get("created_at", "")))
-    p = cal.point
-    cfg = tune.Config(model=p["model"], world_size=int(p["world_size"]), net=p["net"])
-    rec = recommend(cal, cfg.grid_mb)
-    out = dict(recommended_mb=rec.cap_mb, predicted=rec.predicted_ms, band=rec.band_ms, regret=rec.regret,
-               measured=None)
-    ok = common.ok_rows(load_results(tune.EXPERIMENT, source))
-    if not ok.empty:
-        ok = ok[(ok["model"] == cfg.model) & (ok["world_size"] == cfg.world_size) & (ok["net"] == cfg.net)]
-        out["measured"] = verdicts.task_medians(ok, ["bucket_cap_mb"]) if not ok.empty else None
-    path = tune.plot(out, cfg, root)
-    print(f"[tune] wrote {path} (and .pdf)")
-    print(tune.report(out))
-    return path
-
-
-def draw_simval(root=None) -> Path | None:
-    """``simval.png`` from the stored ``simval/validation.csv`` (every point's median prediction and measurement)."""
-    from experiments import simval
-
-    path = results_root(root_for("simval", root)) / simval.EXPERIMENT / "validation.csv"
-    if not path.exists():
-        print("[simval] no stored results yet; run `make simval` first")
-        return None
-    out = pd.read_csv(path)
-    png = simval.plot(out, root)
-    print(f"[simval] wrote {png} (and .pdf)")
-    print(simval.summary(out).to_string())
-    return png
-
-
-def draw_timeline(root=None) -> Path | None:
-    """``timeline.png`` and its Chrome trace from the last traced point stored under ``timeline/``."""
-    from experiments import timeline
-
-    df = common.ok_rows(load_results(timeline.NAME, root_for(timeline.NAME, root)))
-    if not df.empty and "trace_buckets" in df.columns:
-        df = df[df["trace_buckets"].fillna(False).astype(bool)]
-    if df.empty:
-        print("[timeline] no stored results yet; run `make timeline` first")
-        return None
-    last = df.sort_values("started_at", kind="stable")["point_id"].iloc[-1] if "started_at" in df else \
-        df["point_id"].iloc[-1]
-    rows = timeline.median_iteration(df[df["point_id"] == last])
-    r = rows.iloc[0]
-    cfg = timeline.Config(model=r["model"], bucket_cap_mb=float(r["bucket_cap_mb"]), world_size=int(r["world_size"]),
-                          backend=r["backend"], profile=r["profile"], net=r["net"])
-    png = plotting.save(timeline.plot(rows, cfg), timeline.NAME, root)
-    trace = png.with_name(f"{timeline.NAME}.trace.json")
-    trace.write_text(json.dumps(timeline.chrome_trace(rows)))
-    print(f"[timeline] wrote {png} (and .pdf) and {trace}")
-    return png
-
-
 def report(driver, root=None) -> str:
     """One markdown section: the paper's claim and setup, then the measured summary and where it ran."""
     root = root_for(driver.FIGURE, root, announce=False)
@@ -251,22 +197,41 @@ def report(driver, root=None) -> str:
     cfg = stored_config(driver, root)
     title = (driver.__doc__ or driver.FIGURE).strip().splitlines()[0]
     measured = driver.summarize(df, cfg) if not df.empty and hasattr(driver, "summarize") else "not run yet"
-    return (f"## {title}\n\n- Paper ({driver.PAPER['setup']}): {driver.PAPER['claim']}.\n"
-            f"- Here ({plotting.describe_setup(df) if not df.empty else 'no results'}; read from {_shown(root)}):\n\n"
-            + "\n".join(f"      {line}" for line in measured.splitlines()) + "\n")
-
-
-def _claim_axis(claim: verdicts.Claim) -> str:
-    """The x axis label of the claims chart's panel for ``claim``: efficiencies (100 = ideal) apart from speedups and
-    savings (0 = none), and both apart from ratios."""
-    if claim.unit != "%":
-        return "ratio (x)"
-    return "weak-scaling efficiency (%; 100 = ideal)" if "efficiency" in claim.what else "speedup or saving (%)"
+    return (
+        f"## {title}\n\n- Paper ({driver.PAPER['setup']}): {driver.PAPER['claim']}.\n"
+        f"- Here ({plotting.describe_setup(df) if not df.empty else 'no results'}; read from {_shown(root)}):\n\n"
+        + "\n".join(f"      {line}" for line in measured.splitlines())
+        + "\n"
+    )
 
 
 def draw_claims(root=None) -> Path | None:
     """``results/figures/claims.png``: every reproduced number (with its spread over repetitions) beside the
-    paper's value where the paper gives one, one panel per unit; prints the same as a table."""
+    paper's value where the paper gives one, one panel per unit (``experiments.claims_chart``); prints the same as
+    a table."""
+    found, frames, fallback = _stored_claims(root)
+    if not found:
+        print("[claims] no stored results yet; run a figure first (`make fig7`)")
+        return None
+    print(
+        f"[claims] reading {_shown(results_root(root))}"
+        + (
+            f"; {', '.join(fallback)} from {_shown(REFERENCE)} (the committed reference run: nothing of yours is "
+            "stored for them)"
+            if fallback
+            else ""
+        )
+    )
+    fig = claims_chart.figure(found, frames)
+    print(claims_chart.table(found).to_string(index=False))
+    path = plotting.save(fig, "claims", root)
+    print(f"[claims] wrote {path} (and .pdf)")
+    return path
+
+
+def _stored_claims(root=None) -> tuple[list[verdicts.Claim], list[pd.DataFrame], list[str]]:
+    """Every driver's claims from its stored rows, the rows they come from, and the figures read from the
+    committed reference run for want of rows of yours (:func:`root_for`)."""
     found, frames, fallback = [], [], []
     for driver in drivers().values():
         root_of = root_for(driver.FIGURE, root, announce=False)
@@ -276,34 +241,4 @@ def draw_claims(root=None) -> Path | None:
         if hasattr(driver, "claims") and not df.empty:
             found += driver.claims(df, stored_config(driver, root_of))
             frames.append(df)
-    if not found:
-        print("[claims] no stored results yet; run a figure first (`make fig7`)")
-        return None
-    print(f"[claims] reading {_shown(results_root(root))}"
-          + (f"; {', '.join(fallback)} from {_shown(REFERENCE)} (the committed reference run: nothing of yours is "
-             "stored for them)" if fallback else ""))
-    panels = {}  # x axis label -> its claims: one axis per kind of number, so each axis means one thing
-    for c in found:
-        panels.setdefault(_claim_axis(c), []).append(c)
-    fig, axes = plotting.grid(list(panels), [""], width=8.0, height=[0.3 * len(rows) + 0.9 for rows in panels.values()])
-    for ax, (xlabel, rows) in zip(axes[:, 0], panels.items()):
-        ys = range(len(rows))
-        m = [c.measured for c in rows]
-        ax.errorbar([x.center for x in m], ys, xerr=[[x.center - x.lo for x in m], [x.hi - x.center for x in m]],
-                    fmt="o", color="C0", capsize=3, label="measured here (95% interval over repetitions)")
-        paper = [(c.paper, y) for c, y in zip(rows, ys) if c.paper is not None]
-        if paper:
-            ax.plot(*zip(*paper), "D", color="C3", label="paper")
-        ax.set_yticks(list(ys), [f"{c.figure}: {c.what}" for c in rows], fontsize=7)
-        ax.set_ylim(len(rows) - 0.5, -0.5)  # the first claim on top
-        ax.set_xlabel(xlabel)
-        ax.grid(axis="x", alpha=0.3)
-        ax.legend(fontsize=7)
-    rows = pd.DataFrame([dict(figure=c.figure, what=c.what, paper="-" if c.paper is None else f"{c.paper:g}{c.unit}",
-                              measured=c.measured.fmt(c.unit, 2)) for c in found])
-    print(rows.to_string(index=False))
-    plotting.finish(fig, "Measured here vs the paper", "red diamonds (claims of a shape only have none)",
-                  pd.concat(frames, ignore_index=True))
-    path = plotting.save(fig, "claims", root)
-    print(f"[claims] wrote {path} (and .pdf)")
-    return path
+    return found, frames, fallback

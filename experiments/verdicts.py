@@ -7,6 +7,7 @@ medians in one task is paired. Every reported number is the median over repetiti
 interval over repetitions (:class:`Spread`); a claim whose interval straddles its threshold is "not resolved
 here".
 """
+
 from __future__ import annotations
 
 from typing import NamedTuple
@@ -14,7 +15,7 @@ from typing import NamedTuple
 import numpy as np
 import pandas as pd
 
-from harness import stats
+from experiments import stats
 
 EQUIVALENT = 0.05  # a setting within 5% of the best counts as tied with it (rank_options)
 _ROUNDING = 1e-9  # a ratio through an anchor that should be 1 can come out a rounding error below it
@@ -87,13 +88,20 @@ def paired_ratios(per_task: pd.Series, option, reference) -> np.ndarray:
 def _by_repeat(per_task: pd.Series) -> list[dict]:
     """Per repetition: option -> its medians in that repetition's tasks (NaN in a task that did not measure it)."""
     table = per_task.unstack(0)  # (repeat, task) x option; options may be booleans: columns by position
-    return [{o: tasks.iloc[:, i].to_numpy(dtype=float) for i, o in enumerate(tasks.columns)}
-            for _, tasks in table.groupby(level="repeat")]
+    return [
+        {o: tasks.iloc[:, i].to_numpy(dtype=float) for i, o in enumerate(tasks.columns)}
+        for _, tasks in table.groupby(level="repeat")
+    ]
 
 
 def _paired(repeats: list[dict], option, reference) -> np.ndarray:
-    return np.asarray([_ratio_in_repeat(column, option, reference) for column in repeats
-                       if not np.isnan(column[option]).all() and not np.isnan(column[reference]).all()])
+    return np.asarray(
+        [
+            _ratio_in_repeat(column, option, reference)
+            for column in repeats
+            if not np.isnan(column[option]).all() and not np.isnan(column[reference]).all()
+        ]
+    )
 
 
 def _ratio_in_repeat(column: dict, option, reference) -> float:
@@ -119,8 +127,11 @@ def median_ratios(per_task: pd.Series) -> pd.DataFrame:
     def ratios(o, r):
         return _paired(repeats, o, r) if repeats is not None else paired_ratios(per_task, o, r)
 
-    return pd.DataFrame([[float(np.median(ratios(o, r))) if o != r else 1.0 for r in options] for o in options],
-                        index=options, columns=options)
+    return pd.DataFrame(
+        [[float(np.median(ratios(o, r))) if o != r else 1.0 for r in options] for o in options],
+        index=options,
+        columns=options,
+    )
 
 
 def _says_faster(table: pd.DataFrame, option, reference) -> float:
@@ -182,8 +193,13 @@ def rank_options(per_task: pd.Series) -> Ranking:
     ratios = {}
     for option in sorted(table.index):
         ratios[option] = ratio = spread(paired_ratios(per_task, option, reference))
-        kind = ("tied" if option == reference or ratio.hi <= 1 + EQUIVALENT else
-                "worse" if ratio.lo > 1 + EQUIVALENT else "unresolved")
+        kind = (
+            "tied"
+            if option == reference or ratio.hi <= 1 + EQUIVALENT
+            else "worse"
+            if ratio.lo > 1 + EQUIVALENT
+            else "unresolved"
+        )
         classes[kind].append(option)
     return Ranking(reference, **classes, faster=faster, ratios=ratios)
 

@@ -6,16 +6,17 @@
 Options: every field of TrainConfig / AllreduceConfig as --key=value, plus --experiment=NAME (default
 ``adhoc``), --dry_run, --retry_errors and --root=DIR.
 """
+
 from __future__ import annotations
 
 import argparse
 import difflib
 import sys
 
-from harness.config import (AllreduceConfig, OneLineParser, TrainConfig, add_dataclass_arguments,
-                            dataclass_from_namespace)
-from harness.env import is_writer
-from harness.errors import ConfigError, command_line
+from harness.cli import OneLineParser, add_dataclass_arguments, dataclass_from_namespace
+from harness.config import AllreduceConfig, TrainConfig
+from harness.launch.env import is_writer
+from harness.launch.errors import ConfigError, command_line
 from harness.results import summarize
 from harness.sweep import run_sweep
 
@@ -29,10 +30,14 @@ def main(argv=None) -> int:
 
 
 def _main(argv: list[str]) -> int:
-    top = OneLineParser(prog="python -m harness", description=__doc__,
-                        formatter_class=argparse.RawDescriptionHelpFormatter)
-    top.add_argument("kind", choices=list(KINDS), help="; ".join(f"{k}: {c.__doc__.splitlines()[0].rstrip('.')}"
-                                                                 for k, c in KINDS.items()))
+    top = OneLineParser(
+        prog="python -m harness", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    top.add_argument(
+        "kind",
+        choices=list(KINDS),
+        help="; ".join(f"{k}: {c.__doc__.splitlines()[0].rstrip('.')}" for k, c in KINDS.items()),
+    )
     if argv and argv[0] in ("-h", "--help"):
         top.parse_args(["--help"])
     if not argv or argv[0].startswith("-"):
@@ -40,16 +45,21 @@ def _main(argv: list[str]) -> int:
     kind, rest = argv[0], argv[1:]
     if kind not in KINDS:
         close = difflib.get_close_matches(kind, list(KINDS), n=1)
-        raise ConfigError(f"unknown kind {kind!r}; choose one of {', '.join(KINDS)}"
-                          + (f"; did you mean {close[0]}?" if close else ""))
-    parser = add_dataclass_arguments(OneLineParser(prog=f"python -m harness {kind}",
-                                                   description=KINDS[kind].__doc__), KINDS[kind])
+        raise ConfigError(
+            f"unknown kind {kind!r}; choose one of {', '.join(KINDS)}"
+            + (f"; did you mean {close[0]}?" if close else "")
+        )
+    parser = add_dataclass_arguments(
+        OneLineParser(prog=f"python -m harness {kind}", description=KINDS[kind].__doc__), KINDS[kind]
+    )
     parser.add_argument("--experiment", default="adhoc", help="results/<experiment>/ holds the point (default: adhoc)")
     parser.add_argument("--root", default=None, help="results folder (default: results/ or $DDP_REPRO_RESULTS)")
-    parser.add_argument("--dry_run", "--dry-run", action="store_true",
-                        help="say whether the point is stored, run nothing")
-    parser.add_argument("--retry_errors", "--retry-errors", action="store_true",
-                        help="rerun the point if it is stored with an error")
+    parser.add_argument(
+        "--dry_run", "--dry-run", action="store_true", help="say whether the point is stored, run nothing"
+    )
+    parser.add_argument(
+        "--retry_errors", "--retry-errors", action="store_true", help="rerun the point if it is stored with an error"
+    )
     ns = parser.parse_args(rest)
     ns.kind = kind
     cfg = dataclass_from_namespace(KINDS[ns.kind], ns)

@@ -1,4 +1,4 @@
-"""Point configurations (dataclasses), their validation, stable ids and a generic dataclass -> CLI helper.
+"""Point configurations (dataclasses), their validation and stable ids (their command line: harness.cli).
 
 A *point* is one fully specified measurement: one launch of ``world_size`` ranks. Drivers build lists of
 points and hand them to :func:`harness.sweep.run_sweep`. Each field declares what it accepts (``choices``,
@@ -11,36 +11,32 @@ value and what is allowed, before anything is spawned.
 id always names concrete settings: the same config on a GPU and a CPU machine gets different ids.
 ``net="auto"`` becomes ``loopback`` where no network is emulated (NCCL or a GPU, torchrun, one rank, no
 communication, convergence points); elsewhere it stays ``auto`` in the id (the rate is measured at run time
-and stored in ``net_rate_mbit``, see :mod:`harness.netem`).
+and stored in ``net_rate_mbit``, see :mod:`harness.netem.shaping`).
 """
+
 from __future__ import annotations
 
-import argparse
 import dataclasses
-import difflib
 import hashlib
-import inspect
-import io
 import json
 import math
-import textwrap
-import tokenize
 import typing
 from dataclasses import dataclass, field
 
 from ddp_impl.comm_hooks import ALIASES
-from harness import env
-from harness.data import DATASETS
-from harness.allocator import MALLOC_ENV
-from harness.backends import BACKENDS
-from harness.rate import check_net
-from harness.systems import DDP_IMPLS, IMPLS, OPTIMIZERS
+from ddp_impl.options import DEFAULT_BUCKET_CAP_MB, DDPOptions
+from harness.launch import env
+from harness.launch.allocator import MALLOC_ENV
+from harness.launch.backends import BACKENDS
+from harness.netem.rate import check_net
+from harness.workloads.data import DATASETS
+from harness.workloads.systems import DDP_IMPLS, IMPLS, OPTIMIZERS
 
 MODELS = ("small", "resnet50", "resnet101", "bert-base", "bert-large", "tiny-layers")
 PROFILES = ("paper", "cpu")
 COMM_HOOKS = ("", *ALIASES)  # ddp_impl's short names of torch's own hooks; "" = the default allreduce
-FAULT_KINDS = ("raise", "exit", "segv", "hang", "kill", "linkdown")  # harness.faults.inject_fault
-DEFAULT_NET = "auto"  # emulate a link where nothing real is there (spawned CPU ranks); see harness.netem
+FAULT_KINDS = ("raise", "exit", "segv", "hang", "kill", "linkdown")  # harness.launch.faults.inject_fault
+DEFAULT_NET = "auto"  # emulate a link where nothing real is there (spawned CPU ranks); see harness.netem.shaping
 
 
 def _field(default, check: str = "", choices: tuple = (), identity: bool = True, added: bool = False):
@@ -55,14 +51,18 @@ def _field(default, check: str = "", choices: tuple = (), identity: bool = True,
 class TrainConfig:
     """One training-iteration measurement (paper Figures 6-12)."""
 
-    # the model trained: small | resnet50 | resnet101 | bert-base | bert-large | tiny-layers (harness.models)
+    # the model trained: small | resnet50 | resnet101 | bert-base | bert-large | tiny-layers (harness.workloads.models)
     model: str = _field("small", choices=MODELS)
-    impl: str = _field("ours", choices=IMPLS)  # ours | torch | local (no DDP) | zero1 | fsdp ...: harness.systems
+    impl: str = _field(
+        "ours", choices=IMPLS
+    )  # ours | torch | local (no DDP) | zero1 | fsdp ...: harness.workloads.systems
     profile: str = _field("auto", choices=("auto", *PROFILES))  # input sizes: paper | cpu | auto (cpu without a GPU)
     backend: str = _field("auto", choices=("auto", *BACKENDS))  # gloo | nccl | mpi | auto (nccl where CUDA is)
     world_size: int = _field(2, "positive")  # ranks (processes), one model replica each
     batch_size: int = _field(0, "non_negative")  # inputs per rank and iteration; 0 = the profile's default
-    bucket_cap_mb: float = _field(25.0, "non_negative")  # DDP bucket cap (MiB); ignored by impl=local
+    bucket_cap_mb: float = _field(
+        float(DEFAULT_BUCKET_CAP_MB), "non_negative"
+    )  # DDP bucket cap (MiB); ignored by impl=local
     overlap: bool = True  # ours only: launch bucket allreduces during backward (torch always overlaps)
     sync_every: int = _field(1, "positive")  # n: synchronize on 1 of every n iterations (no_sync on the others)
     round_robin_groups: int = _field(1, "positive")  # ours only: k process groups used round-robin
@@ -75,17 +75,27 @@ class TrainConfig:
     trace_buckets: bool = _field(False, added=True)  # ours only: per-bucket ready and true completion times
     lr: float = 0.01  # the optimizer's learning rate
     optimizer: str = _field("sgd", choices=tuple(OPTIMIZERS), added=True)  # sgd | adam (torch's), for every impl
-    checkpointing: bool = _field(False, added=True)  # activation checkpointing per block (harness.systems)
+    checkpointing: bool = _field(False, added=True)  # activation checkpointing per block (harness.workloads.systems)
     memory: bool = _field(False, added=True)  # also one iteration measuring peak memory, one profiling it by category
     replicas: int = _field(1, "positive", added=True)  # impl=threads: model replicas in the one process
     threads_per_rank: int = _field(0, "non_negative")  # torch's threads per rank; 0 = max(1, cores // ranks here)
-    net: str = DEFAULT_NET  # loopback | RATE per rank, e.g. 1gbit (emulated link) | auto; see harness.netem
+    net: str = DEFAULT_NET  # loopback | RATE per rank, e.g. 1gbit (emulated link) | auto; see harness.netem.shaping
     hosts: int = _field(1, "positive", added=True)  # emulated hosts: ranks split evenly, net = each host's link
     # glibc's allocator in the ranks: default | retain (freed memory kept for reuse, as CUDA's caching allocator does)
     malloc: str = _field("default", choices=tuple(MALLOC_ENV), added=True)
     timeout_s: float = _field(300.0, "positive", identity=False)  # process group timeout, seconds
     # for tests: "<kind>@<rank>" injects a fault, kind raise | exit | segv | hang | kill | linkdown; "" = none
     fault: str = ""
+
+    def ddp_options(self) -> DDPOptions:
+        """This point's DDP settings as the one object :func:`harness.workloads.systems.wrap` hands to a DDP."""
+        return DDPOptions(
+            bucket_cap_mb=self.bucket_cap_mb,
+            overlap=self.overlap,
+            comm_hook=self.comm_hook,
+            gradient_as_bucket_view=self.gradient_as_bucket_view,
+            timing="trace" if self.trace_buckets else True,
+        )
 
 
 @dataclass(frozen=True)
@@ -101,7 +111,7 @@ class AllreduceConfig:
     warmup: int = _field(2, "non_negative")  # iterations run before measuring, never stored
     repeat: int = _field(0, "non_negative", added=True)  # which repetition of the point (again, same settings)
     threads_per_rank: int = _field(0, "non_negative")  # torch's threads per rank; 0 = max(1, cores // ranks here)
-    net: str = DEFAULT_NET  # loopback | RATE | auto (ResNet50's auto rate); see harness.netem
+    net: str = DEFAULT_NET  # loopback | RATE | auto (ResNet50's auto rate); see harness.netem.shaping
     hosts: int = _field(1, "positive", added=True)  # emulated hosts, as TrainConfig's
     timeout_s: float = _field(300.0, "positive", identity=False)  # process group timeout, seconds
     fault: str = ""  # for tests: "<kind>@<rank>", as TrainConfig's; "" = none
@@ -123,9 +133,9 @@ class ConvergenceConfig:
     eval_every: int = _field(40, "positive")  # rank 0 evaluates the test split every eval_every-th iteration
     test_fraction: float = 0.2  # digits: held-out share in (0, 1) (cifar10 uses its official test set)
     seed: int = 0  # model init, train/test split and per-epoch shuffles
-    bucket_cap_mb: float = _field(25.0, "non_negative")  # DDP bucket cap (MiB)
+    bucket_cap_mb: float = _field(float(DEFAULT_BUCKET_CAP_MB), "non_negative")  # DDP bucket cap (MiB)
     threads_per_rank: int = _field(0, "non_negative")  # torch's threads per rank; 0 = max(1, cores // ranks here)
-    net: str = DEFAULT_NET  # loopback | RATE (auto = loopback: convergence is per iteration); see harness.netem
+    net: str = DEFAULT_NET  # loopback | RATE (auto = loopback: convergence is per iteration); see harness.netem.shaping
     timeout_s: float = _field(300.0, "positive", identity=False)  # process group timeout, seconds
     fault: str = ""  # for tests: "<kind>@<rank>", as TrainConfig's; "" = none
 
@@ -139,8 +149,10 @@ DEFAULT_TOTAL_PARAMS = {"paper": 60_000_000, "cpu": 4_000_000}
 def auto_profile_backend(profile: str, backend: str) -> tuple[str, str]:
     """``auto`` profile and backend made concrete for this machine: paper sizes and NCCL where CUDA is."""
     gpu = (profile == "auto" or backend == "auto") and env.cuda_available()
-    return (("paper" if gpu else "cpu") if profile == "auto" else profile,
-            ("nccl" if gpu else "gloo") if backend == "auto" else backend)
+    return (
+        ("paper" if gpu else "cpu") if profile == "auto" else profile,
+        ("nccl" if gpu else "gloo") if backend == "auto" else backend,
+    )
 
 
 def resolve(cfg: PointConfig) -> PointConfig:
@@ -149,8 +161,9 @@ def resolve(cfg: PointConfig) -> PointConfig:
     changes = {"backend": backend}
     if hasattr(cfg, "profile"):
         changes["profile"] = profile
-    if cfg.net == "auto" and auto_net_is_loopback(type(cfg).__name__, backend, cfg.world_size,
-                                                  getattr(cfg, "impl", "")):
+    if cfg.net == "auto" and auto_net_is_loopback(
+        type(cfg).__name__, backend, cfg.world_size, getattr(cfg, "impl", "")
+    ):
         changes["net"] = "loopback"
     if isinstance(cfg, AllreduceConfig) and cfg.total_params == 0 and profile in DEFAULT_TOTAL_PARAMS:
         changes["total_params"] = DEFAULT_TOTAL_PARAMS[profile]
@@ -162,8 +175,14 @@ def auto_net_is_loopback(point_type: str, backend: str, world_size: int, impl: s
     communicate and time it; with GPUs (NCCL) or under torchrun the real interconnect is used, and
     convergence does not depend on time. Evaluated where the point runs; the result is stored with its rows
     (``net_auto_loopback``), so plots never ask the plotting machine."""
-    return (backend == "nccl" or env.cuda_available() or env.in_place() or world_size == 1 or impl == "local"
-            or point_type not in ("TrainConfig", "AllreduceConfig"))
+    return (
+        backend == "nccl"
+        or env.cuda_available()
+        or env.in_place()
+        or world_size == 1
+        or impl == "local"
+        or point_type not in ("TrainConfig", "AllreduceConfig")
+    )
 
 
 def _check_fields(cfg: PointConfig) -> None:
@@ -187,10 +206,12 @@ def _check_hosts(cfg: PointConfig) -> None:
     if cfg.world_size % hosts:
         raise ValueError(f"hosts={hosts} must divide world_size={cfg.world_size} (ranks are split evenly)")
     if cfg.net == "loopback":
-        raise ValueError(f"hosts={hosts} emulates hosts behind their own links, which needs an emulated network: "
-                         f"net=RATE (each host's link, e.g. 1gbit) or auto, but net is loopback here (auto is "
-                         f"loopback with GPUs, under torchrun, for 1 rank or impl=local); on real hosts launch "
-                         f"with torchrun instead")
+        raise ValueError(
+            f"hosts={hosts} emulates hosts behind their own links, which needs an emulated network: "
+            f"net=RATE (each host's link, e.g. 1gbit) or auto, but net is loopback here (auto is "
+            f"loopback with GPUs, under torchrun, for 1 rank or impl=local); on real hosts launch "
+            f"with torchrun instead"
+        )
 
 
 def _check_fault(fault: str) -> None:
@@ -211,23 +232,29 @@ def validate(cfg: PointConfig) -> PointConfig:
         if cfg.round_robin_groups > 1 and cfg.impl != "ours":
             raise ValueError(f"round_robin_groups={cfg.round_robin_groups} needs impl='ours', got {cfg.impl!r}")
         if not cfg.overlap and cfg.impl != "ours":
-            raise ValueError(f"overlap=False is only available with impl='ours' (got {cfg.impl!r}, which always "
-                             "overlaps)")
+            raise ValueError(
+                f"overlap=False is only available with impl='ours' (got {cfg.impl!r}, which always overlaps)"
+            )
         if cfg.comm_hook and cfg.impl not in DDP_IMPLS:
             raise ValueError(f"comm_hook={cfg.comm_hook!r} needs impl 'ours' or 'torch', got {cfg.impl!r}")
         if cfg.sync_every > 1 and cfg.impl not in ("local", *DDP_IMPLS):
-            raise ValueError(f"sync_every={cfg.sync_every} (no_sync) is measured for impl 'ours' and 'torch' only, "
-                             f"got {cfg.impl!r}")
+            raise ValueError(
+                f"sync_every={cfg.sync_every} (no_sync) is measured for impl 'ours' and 'torch' only, got {cfg.impl!r}"
+            )
         if cfg.replicas > 1 and cfg.impl != "threads":
             raise ValueError(f"replicas={cfg.replicas} needs impl='threads', got {cfg.impl!r}")
         if cfg.impl == "threads" and cfg.world_size != 1:
-            raise ValueError(f"impl='threads' runs its replicas in one process: world_size must be 1, got "
-                             f"{cfg.world_size} (use replicas=N)")
+            raise ValueError(
+                f"impl='threads' runs its replicas in one process: world_size must be 1, got "
+                f"{cfg.world_size} (use replicas=N)"
+            )
         if cfg.gradient_as_bucket_view and cfg.impl not in DDP_IMPLS:
             raise ValueError(f"gradient_as_bucket_view=True needs impl 'ours' or 'torch', got {cfg.impl!r}")
         if cfg.memory and cfg.malloc != "default":
-            raise ValueError(f"memory=True measures the resident set as glibc hands freed memory back, which "
-                             f"malloc={cfg.malloc!r} prevents: measure memory with malloc='default'")
+            raise ValueError(
+                f"memory=True measures the resident set as glibc hands freed memory back, which "
+                f"malloc={cfg.malloc!r} prevents: measure memory with malloc='default'"
+            )
         if cfg.trace_buckets and cfg.impl != "ours":
             raise ValueError(f"trace_buckets=True needs impl='ours' (its per-bucket timing), got {cfg.impl!r}")
     elif isinstance(cfg, ConvergenceConfig):
@@ -246,8 +273,11 @@ def point_id(cfg: PointConfig) -> str:
     """Stable 12-hex-digit id of a point: hash of its type and identity fields (after :func:`resolve`); fields
     added later count only away from their default (``repeat=0`` keeps the id a point had before repetitions)."""
     cfg = resolve(cfg)
-    ident = {f.name: getattr(cfg, f.name) for f in dataclasses.fields(cfg) if f.metadata.get("identity", True)
-             and not (f.metadata.get("added") and getattr(cfg, f.name) == f.default)}
+    ident = {
+        f.name: getattr(cfg, f.name)
+        for f in dataclasses.fields(cfg)
+        if f.metadata.get("identity", True) and not (f.metadata.get("added") and getattr(cfg, f.name) == f.default)
+    }
     blob = json.dumps({"type": type(cfg).__name__, **ident}, sort_keys=True, default=str)
     return hashlib.sha256(blob.encode()).hexdigest()[:12]
 
@@ -255,156 +285,3 @@ def point_id(cfg: PointConfig) -> str:
 def config_columns(cfg: PointConfig) -> dict:
     """The config as flat row columns (plus ``point_type``)."""
     return {"point_type": type(cfg).__name__, **dataclasses.asdict(cfg)}
-
-
-# --------------------------------------------------------------------------- dataclass <-> command line
-
-_TRUE = {"1", "true", "yes", "on"}
-_FALSE = {"0", "false", "no", "off"}
-
-
-def _parse_bool(text: str) -> bool:
-    low = text.strip().lower()
-    if low in _TRUE:
-        return True
-    if low in _FALSE:
-        return False
-    raise argparse.ArgumentTypeError(f"expected a boolean (true/false), got {text!r}")
-
-
-def _converter(tp):
-    """A str -> value function for a field type; lists and tuples are comma-separated."""
-    origin = typing.get_origin(tp)
-    if origin is typing.Union:  # Optional[X]
-        args = [a for a in typing.get_args(tp) if a is not type(None)]
-        return _converter(args[0])
-    if origin in (list, tuple):
-        (inner, *_) = typing.get_args(tp) or (str,)
-        conv = _converter(inner)
-        seq = list if origin is list else tuple
-        return lambda text: seq(conv(x) for x in text.split(",") if x.strip() != "")
-    if tp is bool:
-        return _parse_bool
-    if tp in (int, float, str):
-        return tp
-    raise TypeError(f"unsupported field type {tp!r} for the command line")
-
-
-_GLUE = "\u00a0"  # a space neither argparse nor textwrap breaks a line at
-
-
-class HelpFormatter(argparse.HelpFormatter):
-    """argparse's, but never breaking a line inside ``(default: ...)``, so that a default reads (and greps) whole."""
-
-    def _split_lines(self, text, width):
-        glued = text.replace("(default: ", f"(default:{_GLUE}")
-        return [line.replace(_GLUE, " ") for line in super()._split_lines(glued, width)]
-
-
-class OneLineParser(argparse.ArgumentParser):
-    """argparse's parser for every command line here: an option it refuses (unknown, malformed, a bad value)
-    ends as one line ``<prog>: error: <message>`` on stderr and exit status 2, without the usage block (``--help``
-    shows it); an unknown option names the closest known one (difflib)."""
-
-    def __init__(self, *args, **kwargs):
-        kwargs.setdefault("formatter_class", HelpFormatter)
-        super().__init__(*args, **kwargs)
-
-    def parse_args(self, args=None, namespace=None):
-        ns, extra = self.parse_known_args(args, namespace)
-        if extra:
-            self.error(self.unknown(extra[0]))
-        return ns
-
-    def unknown(self, arg: str) -> str:
-        """The message for an argument no option takes: for an option, the closest one ``--help`` lists, if any."""
-        if not arg.startswith("-"):
-            return f"unexpected argument {arg!r}"
-        name = arg.split("=", 1)[0]
-        known = sorted(o for o, action in self._option_string_actions.items()
-                       if o.startswith("--") and action.help is not argparse.SUPPRESS)
-        close = difflib.get_close_matches(name, known, n=1, cutoff=0.6)
-        hint = f"did you mean {close[0]}?" if close else "see --help for the options"
-        return f"unknown option {arg!r}; {hint}"
-
-    def error(self, message: str):
-        self.exit(2, f"{self.prog}: error: {message}\n")
-
-
-def add_dataclass_arguments(parser: argparse.ArgumentParser, cls, defaults: dict | None = None,
-                            hidden: typing.Collection[str] = ()) -> argparse.ArgumentParser:
-    """Add one ``--name=value`` option per field of dataclass ``cls`` (default: ``defaults``' value, else the
-    field's); ``--help`` shows the field's comment (:func:`field_comments`) and its default. ``hidden`` fields are
-    parsed but left out of ``--help``, for a command that takes fewer options than its dataclass has and refuses
-    the others itself."""
-    hints, comments = typing.get_type_hints(cls), field_comments(cls)
-    for f in dataclasses.fields(cls):
-        required = False
-        if f.name in (defaults or {}):
-            default = defaults[f.name]
-        elif f.default is not dataclasses.MISSING:
-            default = f.default
-        elif f.default_factory is not dataclasses.MISSING:  # type: ignore[misc]
-            default = f.default_factory()  # type: ignore[misc]
-        else:
-            default, required = None, True
-        shown = ",".join(map(str, default)) if isinstance(default, (list, tuple)) else repr(default)
-        about = f.metadata.get("help") or comments.get(f.name, "")
-        text = " ".join(filter(None, (about, "(required)" if required else f"(default: {shown})")))
-        tp = hints[f.name]
-        metavar = "A,B,..." if typing.get_origin(tp) in (list, tuple) else getattr(tp, "__name__", "VALUE")
-        parser.add_argument(f"--{f.name}", type=_converter(tp), default=default, required=required, metavar=metavar,
-                            help=argparse.SUPPRESS if f.name in hidden else text.replace("%", "%%"))
-    return parser
-
-
-def field_comments(cls) -> dict[str, str]:
-    """Each field's description, read from the source of the class declaring it: the comment ending the field's
-    line, else the comment lines right above it. A field is so described once, beside its default; a subclass that
-    redeclares a field without a comment keeps its base's. Fields of a class without source get none."""
-    comments: dict[str, str] = {}
-    for klass in reversed(cls.__mro__):
-        if dataclasses.is_dataclass(klass):
-            try:
-                comments.update(_declared_comments(textwrap.dedent(inspect.getsource(klass))))
-            except (OSError, TypeError, SyntaxError, tokenize.TokenError):  # no source, or not all of it
-                continue
-    return comments
-
-
-def _declared_comments(source: str) -> dict[str, str]:
-    """``name -> comment`` for each ``name: type ...`` statement in the body of the class whose source this is."""
-    found, alone, statement, trailing, depth = {}, {}, [], [], 0
-    for tok in tokenize.generate_tokens(io.StringIO(source).readline):
-        if tok.type == tokenize.INDENT:
-            depth += 1
-        elif tok.type == tokenize.DEDENT:
-            depth -= 1
-        elif tok.type == tokenize.COMMENT:
-            text = tok.string.lstrip("#").strip()
-            if statement:
-                trailing.append(text)
-            else:
-                alone[tok.start[0]] = text
-        elif tok.type == tokenize.NEWLINE:
-            if depth == 1 and len(statement) > 1 and statement[0].type == tokenize.NAME and statement[1].string == ":":
-                row, above = statement[0].start[0], []
-                while row - 1 - len(above) in alone:
-                    above.insert(0, alone[row - 1 - len(above)])
-                if trailing or above:
-                    found[statement[0].string] = trailing[0] if trailing else " ".join(above)
-            statement, trailing = [], []
-        elif tok.type not in (tokenize.NL, tokenize.ENDMARKER):
-            statement.append(tok)
-    return found
-
-
-def dataclass_from_namespace(cls, ns: argparse.Namespace):
-    """Build ``cls`` from the matching attributes of an argparse namespace."""
-    return cls(**{f.name: getattr(ns, f.name) for f in dataclasses.fields(cls) if hasattr(ns, f.name)})
-
-
-def parse_dataclass(cls, argv: typing.Sequence[str] | None = None, prog: str | None = None):
-    """Parse ``--key=value`` overrides of ``cls``'s defaults; unknown keys are an error."""
-    parser = add_dataclass_arguments(OneLineParser(prog=prog, description=cls.__doc__), cls)
-    return dataclass_from_namespace(cls, parser.parse_args(argv))

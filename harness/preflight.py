@@ -4,8 +4,9 @@
 node), memory for every rank it would spawn, user+network namespaces and ``tc`` for an emulated network (and no
 emulation under torchrun, whose ranks already run on the real network), a data set's files on disk. Each
 distinct requirement is checked once, whatever the number of points. Raises ValueError
-(:class:`harness.netem.NetemUnavailable` for the network) saying what is missing and what to use instead.
+(:class:`harness.netem.shaping.NetemUnavailable` for the network) saying what is missing and what to use instead.
 """
+
 from __future__ import annotations
 
 import functools
@@ -14,16 +15,18 @@ import math
 from pathlib import Path
 from typing import Iterable
 
-from harness import env, netem
+from ddp_impl.options import MIB
 from harness.config import AllreduceConfig, ConvergenceConfig, PointConfig, TrainConfig
-from harness.data import check_dataset
-from harness.allocator import check_malloc_env
-from harness.backends import check_backend
-from harness.models import build_model
+from harness.launch import env
+from harness.launch.allocator import check_malloc_env
+from harness.launch.backends import check_backend
+from harness.netem import shaping as netem
+from harness.workloads.data import check_dataset
+from harness.workloads.models import build_model
 
 # What a spawned CPU rank holds before any model: Python, torch and its process group (measured: 305 MB private
 # per rank of an idle pool of 4). A lower bound: a world size is refused only where it surely cannot fit.
-RANK_BASE_BYTES = 280 * 2**20
+RANK_BASE_BYTES = 280 * MIB
 GB = 1e9
 
 
@@ -34,18 +37,24 @@ def preflight(points: Iterable[PointConfig]) -> None:
         check_backend(backend, world_size)
     for p in points:
         if getattr(p, "impl", "").startswith("deepspeed") and importlib.util.find_spec("deepspeed") is None:
-            raise ValueError(f"impl={p.impl!r} needs DeepSpeed, which is not installed: `make setup` installs it "
-                             "(pip install deepspeed==0.19.8)")
+            raise ValueError(
+                f"impl={p.impl!r} needs DeepSpeed, which is not installed: `make setup` installs it "
+                "(pip install deepspeed==0.19.8)"
+            )
         if getattr(p, "impl", "") == "threads" and env.cuda_available() and env.cuda_devices() < p.replicas:
-            raise ValueError(f"impl='threads' with replicas={p.replicas} runs nn.DataParallel on one GPU per "
-                             f"replica, but {env.cuda_devices()} are visible")
+            raise ValueError(
+                f"impl='threads' with replicas={p.replicas} runs nn.DataParallel on one GPU per "
+                f"replica, but {env.cuda_devices()} are visible"
+            )
     check_memory(points)
     for malloc in sorted({getattr(p, "malloc", "default") for p in points}):
         check_malloc_env(malloc)
     emulated = sorted({p.net for p in points if p.net != "loopback"})
     if emulated and env.in_place():
-        raise ValueError(f"net={emulated[0]!r} cannot apply under torchrun/SLURM (RANK is set): the ranks already "
-                         f"run on the real network; use net='loopback'")
+        raise ValueError(
+            f"net={emulated[0]!r} cannot apply under torchrun/SLURM (RANK is set): the ranks already "
+            f"run on the real network; use net='loopback'"
+        )
     if emulated:
         netem.require()  # NetemUnavailable (a ValueError) names what is missing
     for dataset, data_dir in sorted({(p.dataset, p.data_dir) for p in points if isinstance(p, ConvergenceConfig)}):
@@ -80,8 +89,10 @@ def rank_bytes(p: PointConfig) -> tuple[float, str]:
     if isinstance(p, TrainConfig) and FULL_COPIES.get(p.impl, 2):
         copies = FULL_COPIES.get(p.impl, 2)
         replicas = f"{p.replicas} replicas x " if p.replicas > 1 else ""
-        return (RANK_BASE_BYTES + p.replicas * copies * model_param_bytes(p.model),
-                f" + {replicas}{p.model}'s {COPIES_HELD[copies]}")
+        return (
+            RANK_BASE_BYTES + p.replicas * copies * model_param_bytes(p.model),
+            f" + {replicas}{p.model}'s {COPIES_HELD[copies]}",
+        )
     if isinstance(p, AllreduceConfig):
         return RANK_BASE_BYTES + 4 * p.total_params, f" + {p.total_params} float32 to allreduce"
     return RANK_BASE_BYTES, ""
@@ -100,7 +111,9 @@ def check_memory(points: list[PointConfig]) -> None:
     if need <= available:
         return
     fit = int(available // per_rank)
-    raise ValueError(f"world_size={worst.world_size} needs at least {need / GB:.1f} GB of memory on this machine "
-                     f"({worst.world_size} ranks x {per_rank / GB:.2f} GB: {RANK_BASE_BYTES / GB:.2f} GB a process "
-                     f"holds before its model{what}), but {available / GB:.1f} GB is available: at most {fit} "
-                     f"rank(s) fit here (more need more hosts: torchrun, harness/README.md)")
+    raise ValueError(
+        f"world_size={worst.world_size} needs at least {need / GB:.1f} GB of memory on this machine "
+        f"({worst.world_size} ranks x {per_rank / GB:.2f} GB: {RANK_BASE_BYTES / GB:.2f} GB a process "
+        f"holds before its model{what}), but {available / GB:.1f} GB is available: at most {fit} "
+        f"rank(s) fit here (more need more hosts: torchrun, harness/README.md)"
+    )

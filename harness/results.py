@@ -8,6 +8,7 @@ or does not exist: a killed sweep loses at most the point in flight and never le
 to ``<root>/figures/`` unless ``$DDP_REPRO_FIGURES`` says otherwise (:func:`figures_dir`).
 Every column is defined in ``results/README.md``. CSV only; nothing is pickled.
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -21,7 +22,7 @@ from typing import Iterable, Sequence
 import pandas as pd
 
 from harness.config import AllreduceConfig, ConvergenceConfig, TrainConfig
-from harness.memory import CATEGORIES
+from harness.workloads.memory import CATEGORIES
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 TMP_PREFIX = ".tmp-"
@@ -40,42 +41,93 @@ def _config_columns() -> dict[str, str]:
 
 # name -> pandas dtype, in file order. Descriptions live in results/README.md (a test keeps them in sync).
 SCHEMA: dict[str, str] = {
-    "experiment": "string", "point_id": "string", "point_type": "string",
-    "rank": "Int64", "iteration": "Int64",
+    "experiment": "string",
+    "point_id": "string",
+    "point_type": "string",
+    "rank": "Int64",
+    "iteration": "Int64",
     **_config_columns(),
-    # network emulation (harness.netem, harness.autorate): the rate applied for the point's `net`
-    "net_rate_mbit": "float64", "net_auto_backward_ms": "float64", "net_auto_loopback": "boolean",
-    # training iteration (harness.runner)
-    "synced": "boolean", "loss": "float64",
-    "forward_ms": "float64", "backward_ms": "float64", "backward_compute_ms": "float64",
-    "backward_comm_exposed_ms": "float64", "optimizer_ms": "float64", "total_ms": "float64",
-    "cpu_ms": "float64", "sys_ms": "float64", "minor_faults": "Int64",
-    "ddp_forward_compute_ms": "float64", "ddp_backward_compute_ms": "float64",
-    "ddp_backward_comm_ms": "float64", "ddp_overlap_ms": "float64",
-    "breakdown_source": "string", "bucket_times_json": "string",
-    "num_params": "Int64", "batch_size_used": "Int64", "image_size": "Int64", "seq_len": "Int64",
-    # memory and traffic per rank (TrainConfig.memory; harness.memory), the same on every row of a rank
+    # network emulation (harness.netem.shaping, harness.netem.autorate): the rate applied for the point's `net`
+    "net_rate_mbit": "float64",
+    "net_auto_backward_ms": "float64",
+    "net_auto_loopback": "boolean",
+    # training iteration (harness.workloads.runner)
+    "synced": "boolean",
+    "loss": "float64",
+    "forward_ms": "float64",
+    "backward_ms": "float64",
+    "backward_compute_ms": "float64",
+    "backward_comm_exposed_ms": "float64",
+    "optimizer_ms": "float64",
+    "total_ms": "float64",
+    "cpu_ms": "float64",
+    "sys_ms": "float64",
+    "minor_faults": "Int64",
+    "ddp_forward_compute_ms": "float64",
+    "ddp_backward_compute_ms": "float64",
+    "ddp_backward_comm_ms": "float64",
+    "ddp_overlap_ms": "float64",
+    "breakdown_source": "string",
+    "bucket_times_json": "string",
+    "num_params": "Int64",
+    "batch_size_used": "Int64",
+    "image_size": "Int64",
+    "seq_len": "Int64",
+    # memory and traffic per rank (TrainConfig.memory; harness.workloads.memory), the same on every row of a rank
     **{f"mem_{c}_bytes": "Int64" for c in CATEGORIES},
-    "mem_profiled_peak_bytes": "Int64", "mem_measured_peak_bytes": "Int64", "mem_model_state_bytes": "Int64",
-    "sent_bytes": "Int64", "mem_timeline_json": "string",
-    # allreduce microbenchmark (harness.collectives); total_ms is shared
-    "num_calls": "Int64", "total_bytes": "Int64", "call_ms": "float64", "algbw_gbps": "float64",
+    "mem_profiled_peak_bytes": "Int64",
+    "mem_measured_peak_bytes": "Int64",
+    "mem_model_state_bytes": "Int64",
+    "sent_bytes": "Int64",
+    "mem_timeline_json": "string",
+    # allreduce microbenchmark (harness.workloads.collectives); total_ms is shared
+    "num_calls": "Int64",
+    "total_bytes": "Int64",
+    "call_ms": "float64",
+    "algbw_gbps": "float64",
     "busbw_gbps": "float64",
-    # convergence on real data (harness.convergence); synced, loss, num_params, batch_size_used are shared
-    "epoch": "float64", "accuracy": "float64", "test_loss": "float64", "test_accuracy": "float64",
-    "train_size": "Int64", "test_size": "Int64",
+    # convergence on real data (harness.workloads.convergence); synced, loss, num_params, batch_size_used are shared
+    "epoch": "float64",
+    "accuracy": "float64",
+    "test_loss": "float64",
+    "test_accuracy": "float64",
+    "train_size": "Int64",
+    "test_size": "Int64",
     # run metadata
-    "torch_version": "string", "hostname": "string", "device_name": "string", "num_threads": "Int64",
-    "git_commit": "string", "started_at": "string", "point_seconds": "float64", "order_seed": "Int64",
-    "run_position": "Int64", "group": "string", "round_position": "Int64",
-    "error": "string", "failed_rank": "Int64", "cause": "string",
+    "torch_version": "string",
+    "hostname": "string",
+    "device_name": "string",
+    "num_threads": "Int64",
+    "git_commit": "string",
+    "started_at": "string",
+    "point_seconds": "float64",
+    "order_seed": "Int64",
+    "run_position": "Int64",
+    "group": "string",
+    "round_position": "Int64",
+    "error": "string",
+    "failed_rank": "Int64",
+    "cause": "string",
 }
 
 ALWAYS = ("experiment", "point_id", "point_type", "rank", "iteration", "error")
 
-METRICS = ("forward_ms", "backward_ms", "backward_compute_ms", "backward_comm_exposed_ms", "optimizer_ms",
-           "total_ms", "ddp_backward_comm_ms", "ddp_overlap_ms", "loss", "call_ms", "algbw_gbps", "busbw_gbps",
-           "accuracy", "test_accuracy")
+METRICS = (
+    "forward_ms",
+    "backward_ms",
+    "backward_compute_ms",
+    "backward_comm_exposed_ms",
+    "optimizer_ms",
+    "total_ms",
+    "ddp_backward_comm_ms",
+    "ddp_overlap_ms",
+    "loss",
+    "call_ms",
+    "algbw_gbps",
+    "busbw_gbps",
+    "accuracy",
+    "test_accuracy",
+)
 
 
 def results_root(root: str | os.PathLike | None = None) -> Path:
@@ -111,12 +163,16 @@ def point_path(experiment: str, point_id: str, root=None) -> Path:
 def git_commit() -> str:
     """HEAD of the repository, '+dirty' if the tree has changes; '' when unknown (no git, no commit)."""
     try:
-        head = subprocess.run(["git", "rev-parse", "HEAD"], cwd=REPO_ROOT, capture_output=True, text=True,
-                              timeout=10)
+        head = subprocess.run(["git", "rev-parse", "HEAD"], cwd=REPO_ROOT, capture_output=True, text=True, timeout=10)
         if head.returncode != 0:
             return ""
-        dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=REPO_ROOT,
-                               capture_output=True, text=True, timeout=10).stdout.strip()
+        dirty = subprocess.run(
+            ["git", "status", "--porcelain", "--untracked-files=no"],
+            cwd=REPO_ROOT,
+            capture_output=True,
+            text=True,
+            timeout=10,
+        ).stdout.strip()
         return head.stdout.strip() + ("+dirty" if dirty else "")
     except (OSError, subprocess.SubprocessError):
         return ""
@@ -178,8 +234,9 @@ def read_point_file(path: Path) -> pd.DataFrame:
 
 
 def _read_csv(path: Path) -> pd.DataFrame:
-    return pd.read_csv(path, keep_default_na=False, na_values=[""],
-                       dtype={c: "string" for c, t in SCHEMA.items() if t == "string"})
+    return pd.read_csv(
+        path, keep_default_na=False, na_values=[""], dtype={c: "string" for c, t in SCHEMA.items() if t == "string"}
+    )
 
 
 def _point_files(experiment: str, root=None) -> list[Path]:
@@ -213,8 +270,9 @@ def load_results(experiment: str, root=None) -> pd.DataFrame:
     return _apply_dtypes(df.reindex(columns=[c for c in SCHEMA if c in df.columns]))
 
 
-def summarize(df: pd.DataFrame, by: Iterable[str], metrics: Iterable[str] | None = None,
-              percentiles: Sequence[int] = (10, 50, 90)) -> pd.DataFrame:
+def summarize(
+    df: pd.DataFrame, by: Iterable[str], metrics: Iterable[str] | None = None, percentiles: Sequence[int] = (10, 50, 90)
+) -> pd.DataFrame:
     """Percentiles (and mean) of each metric over all ranks and measured iterations of each group.
 
     Rows with ``error`` set are dropped. Warmup iterations are never stored, so nothing else is excluded.

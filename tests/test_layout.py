@@ -1,5 +1,7 @@
 """The tree's architecture, checked from the source: imports point down (experiments -> simulator -> harness ->
-ddp_impl) and no module imports itself back through others, function-level imports included."""
+ddp_impl), no module imports itself back through others, and the simulator's model part (with the ``simulator``
+package's re-exports) reaches nothing of the harness; function-level imports included."""
+
 import ast
 from pathlib import Path
 
@@ -49,7 +51,7 @@ def test_no_import_cycles():
 
     def visit(node):
         if node in path:
-            cycle = path[path.index(node):] + [node]
+            cycle = path[path.index(node) :] + [node]
             pytest.fail("import cycle: " + " -> ".join(cycle))
         if node in done:
             return
@@ -61,3 +63,28 @@ def test_no_import_cycles():
 
     for name in sorted(GRAPH):
         visit(name)
+
+
+def _reaches(name: str) -> set[str]:
+    """Every project module ``name`` imports, directly or through other project modules."""
+    seen, todo = set(), [name]
+    while todo:
+        for nxt in GRAPH[todo.pop()] - seen:
+            seen.add(nxt)
+            todo.append(nxt)
+    return seen
+
+
+HARNESS_FREE = sorted(m for m in GRAPH if m in ("simulator", "simulator.model") or m.startswith("simulator.model."))
+
+
+def test_the_simulators_model_part_is_found():
+    assert {"simulator", "simulator.model", "simulator.model.scenario", "simulator.model.clusters"} <= set(HARNESS_FREE)
+
+
+@pytest.mark.parametrize("name", HARNESS_FREE)
+def test_the_simulators_model_part_imports_nothing_of_the_harness(name):
+    """``simulator`` (its re-exports) and everything under ``simulator.model`` predict without the harness: no import
+    of it, direct or through other project modules, function-level imports included."""
+    harness = sorted(m for m in _reaches(name) if m.split(".")[0] == "harness")
+    assert not harness, f"{name} reaches the harness: {harness}"

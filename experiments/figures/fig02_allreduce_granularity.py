@@ -12,6 +12,7 @@ pays. The dashed line in each panel is that backward compute time; with ``net=au
 exactly that long. The thin dash-dotted lines are the ring alpha-beta model fitted to the measured calls
 (:func:`ring_fits`, the simulator's cost model; its fit is printed by the summary).
 """
+
 from __future__ import annotations
 
 import math
@@ -21,7 +22,7 @@ from matplotlib.ticker import FuncFormatter, LogLocator, NullFormatter
 
 from experiments import common, plotting, verdicts
 from harness import AllreduceConfig, TrainConfig
-from harness.collectives import BYTES_PER_PARAM, call_samples
+from harness.workloads.collectives import BYTES_PER_PARAM, call_samples
 
 FIGURE = "fig2"
 PAPER = {
@@ -50,28 +51,53 @@ def points(cfg: Config) -> list:
     out = []
     for n in cfg.world_sizes:
         backends, _ = common.split_backends(cfg.backends, n)
-        out += [AllreduceConfig(backend=b, world_size=n, profile=cfg.profile, total_params=cfg.total_params,
-                                params_per_call=k, iters=cfg.iters, warmup=cfg.warmup, net=cfg.net, hosts=cfg.hosts,
-                                repeat=r)
-                for r in range(cfg.repeats) for b in backends for k in calls]
+        out += [
+            AllreduceConfig(
+                backend=b,
+                world_size=n,
+                profile=cfg.profile,
+                total_params=cfg.total_params,
+                params_per_call=k,
+                iters=cfg.iters,
+                warmup=cfg.warmup,
+                net=cfg.net,
+                hosts=cfg.hosts,
+                repeat=r,
+            )
+            for r in range(cfg.repeats)
+            for b in backends
+            for k in calls
+        ]
     # backward compute of the model alone: one rank, no DDP; on the GPU when there is one
-    out += [TrainConfig(model=cfg.compute_model, impl="local", world_size=1, profile=cfg.profile,
-                        iters=cfg.iters, warmup=cfg.warmup, repeat=r) for r in range(cfg.repeats)]
+    out += [
+        TrainConfig(
+            model=cfg.compute_model,
+            impl="local",
+            world_size=1,
+            profile=cfg.profile,
+            iters=cfg.iters,
+            warmup=cfg.warmup,
+            repeat=r,
+        )
+        for r in range(cfg.repeats)
+    ]
     return out
 
 
 def _split(df, cfg: Config):
     ok = common.ok_rows(df, synced_only=False)
-    comm = common.for_net(ok[(ok["point_type"] == "AllreduceConfig") & (ok["total_params"] == cfg.total_params)],
-                          cfg.net, cfg.hosts)
+    comm = common.for_net(
+        ok[(ok["point_type"] == "AllreduceConfig") & (ok["total_params"] == cfg.total_params)], cfg.net, cfg.hosts
+    )
     compute = ok[(ok["point_type"] == "TrainConfig") & (ok["model"] == cfg.compute_model)]
     return comm, compute
 
 
 def ring_fits(comm) -> dict:
-    """Per backend, the ring alpha-beta model (``simulator.comm.fit_ring``) fitted to every (world size, call size)
-    median cost per call: the per-step latency and the link bandwidth the sequential calls of this figure imply."""
-    from simulator.comm import fit_ring
+    """Per backend, the ring alpha-beta model (``simulator.model.comm.fit_ring``) fitted to every (world size, call
+    size) median cost per call: the per-step latency and the link bandwidth the sequential calls of this figure
+    imply."""
+    from simulator.model.comm import fit_ring
 
     fits = {}
     for backend, sel in comm.groupby("backend"):
@@ -95,40 +121,72 @@ def plot(df, cfg: Config):
             continue
         plotting.median_lines(ax, sel, "params_per_call", "total_ms", "world_size", label=lambda n: f"{n} ranks")
         plotting.repeat_markers(ax, sel, ["world_size", "params_per_call"], "params_per_call")
-        if backend in fits:  # the fitted model's total time for the same calls
-            model, ks = fits[backend].model, sorted(sel["params_per_call"].unique())
-            calls = [math.ceil(cfg.total_params / k) for k in ks]
-            nbytes = cfg.total_params * BYTES_PER_PARAM
-            for i, n in enumerate(sorted(w for w in sel["world_size"].unique() if w > 1)):
-                ax.plot(ks, [c * model.allreduce_ms(nbytes / c, n) for c in calls], "-.", lw=1, color="C2",
-                        label=None if i else f"ring fit: {model.alpha_ms * 1e3:.0f} us/step, "
-                                             f"{model.busbw_gbit:.2f} Gbit/s")
-        device = "GPU" if backend == "nccl" else "CPU"
-        on_device = compute[compute["device_name"].ne("cpu") == (backend == "nccl")]
-        if not on_device.empty:  # the number the summary prints: the median of the repetitions' medians
-            bwd = verdicts.spread(verdicts.repeat_medians(on_device, ["model"], "backward_compute_ms")
-                                  .xs(cfg.compute_model))
-            ax.axhline(bwd.center, ls="--", color="k",
-                       label=f"{cfg.compute_model} backward on {device} ({bwd.center:.0f} ms)")
-        if "net_auto_backward_ms" in sel:  # net=auto: the backward (all ranks at once) the link rate was set from
-            for n, part in sel.dropna(subset=["net_auto_backward_ms"]).groupby("world_size"):
-                ms, rate = part["net_auto_backward_ms"].median(), part["net_rate_mbit"].median()
-                ax.axhline(ms, ls=":", color="0.4", label=f"backward on {n} ranks that set the link "
-                                                          f"({ms:.0f} ms -> {rate:.0f} Mbit/s)")
-        ax.set_xscale("log")
-        ax.set_yscale("log")
-        ks = sorted(sel["params_per_call"].unique())
-        ax.set_xticks(ks, [_count(k) for k in ks])  # the measured call sizes, in the units of the title
-        ax.xaxis.set_minor_formatter(NullFormatter())
-        ax.yaxis.set_major_locator(LogLocator(subs=(1, 2, 5)))
-        ax.yaxis.set_major_formatter(FuncFormatter(lambda v, _: f"{v:g}"))
-        ax.yaxis.set_minor_formatter(NullFormatter())
-        ax.set_title(f"{backend}: allreduce {_count(cfg.total_params)} float32 parameters", fontsize=10)
-        ax.set_xlabel("parameters per allreduce call")
-        ax.set_ylabel("total time (ms)")
-        ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.02, 1))
-    return plotting.finish(fig, "Figure 2: communication granularity vs backward computation", PAPER["claim"], comm,
-                         unavailable=unavailable)
+        if backend in fits:
+            _ring_fit_lines(ax, sel, fits[backend].model, cfg)
+        _backward_lines(ax, sel, compute, backend, cfg)
+        _axes(ax, sel, backend, cfg)
+    return plotting.finish(
+        fig,
+        "Figure 2: communication granularity vs backward computation",
+        PAPER["claim"],
+        comm,
+        unavailable=unavailable,
+    )
+
+
+def _ring_fit_lines(ax, sel, model, cfg: Config) -> None:
+    """The fitted ring model's total time for the same calls as measured, a line per world size above 1."""
+    ks = sorted(sel["params_per_call"].unique())
+    calls = [math.ceil(cfg.total_params / k) for k in ks]
+    nbytes = cfg.total_params * BYTES_PER_PARAM
+    for i, n in enumerate(sorted(w for w in sel["world_size"].unique() if w > 1)):
+        ax.plot(
+            ks,
+            [c * model.allreduce_ms(nbytes / c, n) for c in calls],
+            "-.",
+            lw=1,
+            color="C2",
+            label=None if i else f"ring fit: {model.alpha_ms * 1e3:.0f} us/step, {model.busbw_gbit:.2f} Gbit/s",
+        )
+
+
+def _backward_lines(ax, sel, compute, backend: str, cfg: Config) -> None:
+    """The backward pass the calls compare with: the compute model's on this backend's device (dashed), and with
+    ``net=auto`` the backward of all ranks at once that set the link's rate (dotted)."""
+    device = "GPU" if backend == "nccl" else "CPU"
+    on_device = compute[compute["device_name"].ne("cpu") == (backend == "nccl")]
+    if not on_device.empty:  # the number the summary prints: the median of the repetitions' medians
+        bwd = verdicts.spread(
+            verdicts.repeat_medians(on_device, ["model"], "backward_compute_ms").xs(cfg.compute_model)
+        )
+        ax.axhline(
+            bwd.center, ls="--", color="k", label=f"{cfg.compute_model} backward on {device} ({bwd.center:.0f} ms)"
+        )
+    if "net_auto_backward_ms" in sel:  # net=auto: the backward (all ranks at once) the link rate was set from
+        for n, part in sel.dropna(subset=["net_auto_backward_ms"]).groupby("world_size"):
+            ms, rate = part["net_auto_backward_ms"].median(), part["net_rate_mbit"].median()
+            ax.axhline(
+                ms,
+                ls=":",
+                color="0.4",
+                label=f"backward on {n} ranks that set the link ({ms:.0f} ms -> {rate:.0f} Mbit/s)",
+            )
+
+
+def _axes(ax, sel, backend: str, cfg: Config) -> None:
+    """Log axes ticked at the measured call sizes, title, labels, and the legend beside the panel."""
+    ax.set_xscale("log")
+    ax.set_yscale("log")
+    ks = sorted(sel["params_per_call"].unique())
+    ax.set_xticks(ks, [_count(k) for k in ks])  # the measured call sizes, in the units of the title
+    ax.xaxis.set_minor_formatter(NullFormatter())
+    ax.yaxis.set_major_locator(LogLocator(subs=(1, 2, 5)))
+    ax.yaxis.set_major_formatter(FuncFormatter(lambda v, _: f"{v:g}"))
+    ax.yaxis.set_minor_formatter(NullFormatter())
+    ax.set_title(f"{backend}: allreduce {_count(cfg.total_params)} float32 parameters", fontsize=10)
+    ax.set_xlabel("parameters per allreduce call")
+    ax.set_ylabel("total time (ms)")
+    ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.02, 1))
 
 
 def _count(k: float) -> str:
@@ -149,14 +207,18 @@ def summarize(df, cfg: Config) -> str:
         small, large = per_repeat.index.get_level_values(0).min(), per_repeat.index.get_level_values(0).max()
         ratio = verdicts.paired_ratios(per_repeat, small, large)
         bus = sel.groupby("params_per_call")["busbw_gbps"].median()
-        lines.append(f"{backend}, {n} ranks: {verdicts.spread(per_repeat.xs(small)).fmt()} in calls of {small:,} "
-                     f"params vs {verdicts.spread(per_repeat.xs(large)).fmt()} in calls of {large:,} "
-                     f"({verdicts.spread(ratio).fmt('x', 1)}); busbw {bus[small]:.2f} -> {bus[large]:.2f} GB/s")
+        lines.append(
+            f"{backend}, {n} ranks: {verdicts.spread(per_repeat.xs(small)).fmt()} in calls of {small:,} "
+            f"params vs {verdicts.spread(per_repeat.xs(large)).fmt()} in calls of {large:,} "
+            f"({verdicts.spread(ratio).fmt('x', 1)}); busbw {bus[small]:.2f} -> {bus[large]:.2f} GB/s"
+        )
     for backend, fit in ring_fits(comm).items():
-        lines.append(f"{backend} ring alpha-beta fit (simulator.comm): alpha {fit.model.alpha_ms * 1e3:.0f} us per "
-                     f"step, {fit.model.busbw_gbit:.2f} Gbit/s per link; R^2 {fit.r2:.3f}, error median "
-                     f"{fit.median_abs_pct_error:.0f}% / worst {fit.worst_abs_pct_error:.0f}% over {fit.n} "
-                     "(ranks, call size) medians")
+        lines.append(
+            f"{backend} ring alpha-beta fit (simulator.model.comm): alpha {fit.model.alpha_ms * 1e3:.0f} us "
+            f"per step, {fit.model.busbw_gbit:.2f} Gbit/s per link; R^2 {fit.r2:.3f}, error median "
+            f"{fit.median_abs_pct_error:.0f}% / worst {fit.worst_abs_pct_error:.0f}% over {fit.n} "
+            "(ranks, call size) medians"
+        )
     if not compute.empty:
         bwd = verdicts.repeat_medians(compute, ["model"], "backward_compute_ms").xs(cfg.compute_model)
         lines.append(f"{cfg.compute_model} backward compute (1 rank): {verdicts.spread(bwd).fmt()}")

@@ -9,10 +9,12 @@ Box plots of per-iteration latency (all ranks, measured iterations after warmup)
 0 MB (one bucket per parameter, the unbucketed extreme) to a cap larger than the whole model (one bucket, so
 no overlap), per model and backend. On a machine without enough GPUs the NCCL panels say so.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass
 
+from ddp_impl.options import MIB
 from experiments import common, paper_scale, plotting, verdicts
 from harness import TrainConfig
 
@@ -20,7 +22,7 @@ FIGURE = "fig7"
 PAPER = {
     "setup": "16 GPUs (2 servers x 8 V100), ResNet50 and BERT, NCCL and Gloo",
     "claim": "the right bucket size gives more than 2x speedup over the worst; the best size lies between the "
-             "extremes, and BERT (larger model) prefers larger buckets than ResNet50",
+    "extremes, and BERT (larger model) prefers larger buckets than ResNet50",
     "best_vs_worst_speedup": 2.0,
 }
 
@@ -41,8 +43,7 @@ class Config(common.ModelSweep):
 
 def points(cfg: Config) -> list[TrainConfig]:
     paper_scale.check(cfg.cluster)
-    return [p for cap in cfg.bucket_caps_mb
-            for p in cfg.train_points(cfg.world_size, impl=cfg.impl, bucket_cap_mb=cap)]
+    return [p for cap in cfg.bucket_caps_mb for p in cfg.train_points(cfg.world_size, impl=cfg.impl, bucket_cap_mb=cap)]
 
 
 def task_medians(df, cfg: Config):
@@ -67,22 +68,35 @@ def draw(df, cfg: Config, name: str, paper: dict):
         ranking = verdicts.rank_options(per_task)
         boxes, lower = plotting.split_panel(ax)
         plotting.latency_boxes(boxes, sel, "bucket_cap_mb", lambda c: f"{common.fmt_mb(c)} MiB", ranking.reference)
-        grad_mib = sel["num_params"].iloc[0] * 4 / 2**20
+        grad_mib = sel["num_params"].iloc[0] * 4 / MIB
         boxes.set_title(f"{model} / {backend} (gradients: {grad_mib:.3g} MiB)", fontsize=10)
         caps = sorted(sel["bucket_cap_mb"].unique())
         plotting.ranking_panel(lower, per_task, ranking, caps, common.fmt_mb, " MiB")
         lower.set_xlabel("bucket cap (MiB); 0 = one bucket per parameter")
 
     gpus = paper_scale.GPUS[name]
-    simulated = cfg.cluster and (lambda ax, model: paper_scale.draw_caps(ax, cfg.cluster, model, gpus,
-                                                                         cfg.bucket_caps_mb))
-    fig = plotting.model_backend_panels(ok, cfg.models, cfg.backends, unavailable, draw, simulated=simulated,
-                                        width=5.0, height=plotting.PAIRED_HEIGHT)  # room for a 3-line caption
-    note = (plotting.BOXES_NOTE + ", the reference's latency x the ratios below" + plotting.PAIRED_NOTE
-            + " of each cap's latency / the reference's"
-            + plotting.ranking_note("cap") + paper_scale.caption(cfg.cluster))
-    return plotting.finish(fig, f"Figure {name[3:]}: per-iteration latency vs bucket size, {common.ranks(cfg)}",
-                         f"{paper['setup']}; {paper['claim']}", ok, note, unavailable=unavailable)
+    simulated = cfg.cluster and (
+        lambda ax, model: paper_scale.draw_caps(ax, cfg.cluster, model, gpus, cfg.bucket_caps_mb)
+    )
+    fig = plotting.model_backend_panels(
+        ok, cfg.models, cfg.backends, unavailable, draw, simulated=simulated, width=5.0, height=plotting.PAIRED_HEIGHT
+    )  # room for a 3-line caption
+    note = (
+        plotting.BOXES_NOTE
+        + ", the reference's latency x the ratios below"
+        + plotting.PAIRED_NOTE
+        + " of each cap's latency / the reference's"
+        + plotting.ranking_note("cap")
+        + paper_scale.caption(cfg.cluster)
+    )
+    return plotting.finish(
+        fig,
+        f"Figure {name[3:]}: per-iteration latency vs bucket size, {common.ranks(cfg)}",
+        f"{paper['setup']}; {paper['claim']}",
+        ok,
+        note,
+        unavailable=unavailable,
+    )
 
 
 def bucket_verdicts(df, cfg: Config) -> dict:
@@ -93,9 +107,12 @@ def bucket_verdicts(df, cfg: Config) -> dict:
     for (model, backend), series in task_medians(df, cfg).groupby(level=[0, 1]):
         per_cap = series.droplevel([0, 1])
         ranking = verdicts.rank_options(per_cap)
-        out[(model, backend)] = dict(ranking=ranking, worst=ranking.worst,
-                                     best_ms=verdicts.spread(verdicts.per_repeat(per_cap).xs(ranking.reference)),
-                                     gain=ranking.ratios[ranking.worst])
+        out[(model, backend)] = dict(
+            ranking=ranking,
+            worst=ranking.worst,
+            best_ms=verdicts.spread(verdicts.per_repeat(per_cap).xs(ranking.reference)),
+            gain=ranking.ratios[ranking.worst],
+        )
     return out
 
 
@@ -108,18 +125,30 @@ def summarize(df, cfg: Config) -> str:
     lines = []
     for (model, backend), v in bucket_verdicts(df, cfg).items():
         r, ref = v["ranking"], common.fmt_mb(v["ranking"].reference)
-        best = (f"best cap {ref} MiB" if r.best is not None else
-                f"best cap not resolved ({caps(r.faster)} faster than {ref} MiB in their own paired medians, which go "
-                f"round; {ref} MiB, beaten by the least, is the reference)")
-        lines.append(f"{model}/{backend}: {best}, {v['best_ms'].fmt()}; tied with it (within "
-                     f"{verdicts.EQUIVALENT:.0%}): {caps(r.tied)}; not resolved: {caps(r.unresolved)}; worse: "
-                     f"{caps(r.worse)}; worst {common.fmt_mb(v['worst'])} MiB; "
-                     f"{'best' if r.best is not None else ref + ' MiB'} vs worst "
-                     f"{v['gain'].fmt('x', 2)} (paper: >{claim:.0f}x, {verdicts.verdict(v['gain'], claim)})")
+        best = (
+            f"best cap {ref} MiB"
+            if r.best is not None
+            else f"best cap not resolved ({caps(r.faster)} faster than {ref} MiB in their own paired medians, which go "
+            f"round; {ref} MiB, beaten by the least, is the reference)"
+        )
+        lines.append(
+            f"{model}/{backend}: {best}, {v['best_ms'].fmt()}; tied with it (within "
+            f"{verdicts.EQUIVALENT:.0%}): {caps(r.tied)}; not resolved: {caps(r.unresolved)}; worse: "
+            f"{caps(r.worse)}; worst {common.fmt_mb(v['worst'])} MiB; "
+            f"{'best' if r.best is not None else ref + ' MiB'} vs worst "
+            f"{v['gain'].fmt('x', 2)} (paper: >{claim:.0f}x, {verdicts.verdict(v['gain'], claim)})"
+        )
     return "\n".join(lines) or "no results"
 
 
 def claims(df, cfg: Config, name: str = FIGURE) -> list[verdicts.Claim]:
-    return [verdicts.Claim(name, f"{'best' if v['ranking'].best is not None else 'reference'} vs worst bucket cap, "
-                                 f"{m}/{b}", "x", PAPER["best_vs_worst_speedup"], v["gain"])
-            for (m, b), v in bucket_verdicts(df, cfg).items()]
+    return [
+        verdicts.Claim(
+            name,
+            f"{'best' if v['ranking'].best is not None else 'reference'} vs worst bucket cap, {m}/{b}",
+            "x",
+            PAPER["best_vs_worst_speedup"],
+            v["gain"],
+        )
+        for (m, b), v in bucket_verdicts(df, cfg).items()
+    ]

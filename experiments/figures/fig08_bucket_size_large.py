@@ -6,6 +6,7 @@
 
 Figure 7's sweep and plot at a world size larger than Figure 7's default; see fig07_bucket_size.py.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass

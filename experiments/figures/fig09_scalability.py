@@ -10,10 +10,12 @@ CPU machine more ranks also share the same cores, so latency grows with compute 
 communication: the same model without DDP (``impl=local``, no communication) is measured at every world size,
 and the gap between it and DDP is what communication costs.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass
 
+from ddp_impl import DEFAULT_BUCKET_CAP_MB
 from experiments import common, paper_scale, plotting, verdicts
 from harness import TrainConfig
 
@@ -29,7 +31,7 @@ class Config(common.ModelSweep):
     """Weak-scaling sweep over world sizes; every field is a --key=value override."""
 
     world_sizes: tuple[int, ...] = (1, 2, 4)  # ranks, a point each (weak scaling: the batch per rank is fixed)
-    bucket_cap_mb: float = 25  # DDP bucket cap (MiB)
+    bucket_cap_mb: float = DEFAULT_BUCKET_CAP_MB  # DDP bucket cap (MiB)
     impl: str = "ours"  # whose DDP: ours | torch
     # fixed, so that every world size does the same compute per rank
     threads_per_rank: int = 1  # torch's threads per rank; 0 = cores // ranks
@@ -38,9 +40,12 @@ class Config(common.ModelSweep):
 
 def points(cfg: Config) -> list[TrainConfig]:
     paper_scale.check(cfg.cluster)
-    return [p for n in cfg.world_sizes for impl in dict.fromkeys((cfg.impl, "local"))
-            for p in cfg.train_points(n, impl=impl, bucket_cap_mb=cfg.bucket_cap_mb,
-                                      threads_per_rank=cfg.threads_per_rank)]
+    return [
+        p
+        for n in cfg.world_sizes
+        for impl in dict.fromkeys((cfg.impl, "local"))
+        for p in cfg.train_points(n, impl=impl, bucket_cap_mb=cfg.bucket_cap_mb, threads_per_rank=cfg.threads_per_rank)
+    ]
 
 
 def _selected(df, cfg: Config):
@@ -53,8 +58,14 @@ def plot(df, cfg: Config):
     unavailable = common.missing_backends(ok, cfg.backends, max(cfg.world_sizes))
 
     def draw(ax, sel, model, backend):
-        plotting.median_lines(ax, sel, "world_size", "total_ms", "impl",
-                            label=lambda k: "no DDP (local): compute only" if k == "local" else f"DDP ({k})")
+        plotting.median_lines(
+            ax,
+            sel,
+            "world_size",
+            "total_ms",
+            "impl",
+            label=lambda k: "no DDP (local): compute only" if k == "local" else f"DDP ({k})",
+        )
         plotting.repeat_markers(ax, sel, ["impl", "world_size"], "world_size")
         ddp = sel[sel["impl"] != "local"]
         one = ddp.loc[ddp["world_size"] == ddp["world_size"].min(), "total_ms"]
@@ -66,15 +77,20 @@ def plot(df, cfg: Config):
         ax.set_ylabel("per-iteration latency (ms)")
         ax.legend(fontsize=8)
 
-    simulated = cfg.cluster and (lambda ax, model: paper_scale.draw_scaling(ax, cfg.cluster, model,
-                                                                            cfg.bucket_cap_mb))
+    simulated = cfg.cluster and (lambda ax, model: paper_scale.draw_scaling(ax, cfg.cluster, model, cfg.bucket_cap_mb))
     fig = plotting.model_backend_panels(ok, cfg.models, cfg.backends, unavailable, draw, simulated=simulated)
     note = ". On one machine, ranks also share its CPU cores" + paper_scale.caption(cfg.cluster)
     sizes = sorted(int(n) for n in ok.loc[ok["impl"] != "local", "world_size"].unique()) if len(ok) else []
     ranks = f", {', '.join(map(str, sizes))} ranks" if sizes else ""  # what sets the variants' figures apart
     hosts = f" on {cfg.hosts} emulated hosts" if cfg.hosts > 1 else ""
-    return plotting.finish(fig, f"Figure 9: latency vs number of ranks (weak scaling){ranks}{hosts}",
-                         f"{PAPER['setup']}; {PAPER['claim']}", ok, note, unavailable=unavailable)
+    return plotting.finish(
+        fig,
+        f"Figure 9: latency vs number of ranks (weak scaling){ranks}{hosts}",
+        f"{PAPER['setup']}; {PAPER['claim']}",
+        ok,
+        note,
+        unavailable=unavailable,
+    )
 
 
 def _scaling(df, cfg: Config) -> dict:
@@ -123,5 +139,9 @@ def summarize(df, cfg: Config) -> str:
 
 
 def claims(df, cfg: Config) -> list[verdicts.Claim]:
-    return [verdicts.Claim(FIGURE, f"weak-scaling efficiency {min(per_n)} -> {n} ranks, {m}/{b}", "%", None, eff)
-            for (m, b), per_n in _scaling(df, cfg).items() for n, (_, eff, _, _) in per_n.items() if n != min(per_n)]
+    return [
+        verdicts.Claim(FIGURE, f"weak-scaling efficiency {min(per_n)} -> {n} ranks, {m}/{b}", "%", None, eff)
+        for (m, b), per_n in _scaling(df, cfg).items()
+        for n, (_, eff, _, _) in per_n.items()
+        if n != min(per_n)
+    ]

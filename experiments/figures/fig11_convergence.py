@@ -19,6 +19,7 @@ range shaded, and every number in the summary carries its range over seeds, so a
 different seed does is not read as one. A point is 10-20 s on 2 CPU cores, about half of it starting the two
 ranks (~6 min for the 24 points).
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -26,15 +27,16 @@ from dataclasses import dataclass
 import numpy as np
 import pandas as pd
 
+from ddp_impl import DEFAULT_BUCKET_CAP_MB
 from experiments import common, plotting
 from harness import ConvergenceConfig
 
 FIGURE = "fig11"
 PAPER = {
     "setup": "loss vs iterations, synchronizing every n = 1, 2, 4, 8 iterations, per-process batch 8 and 256 "
-             "(batch sizes [likely])",
+    "(batch sizes [likely])",
     "claim": "skipping synchronization does not noticeably slow convergence at small batch (8); at large batch "
-             "(256) it can",
+    "(256) it can",
 }
 
 
@@ -53,35 +55,58 @@ class Config:
     momentum: float = 0.9  # SGD momentum, in [0, 1)
     eval_every: int = 40  # rank 0 evaluates the test split every eval_every-th iteration
     seeds: tuple[int, ...] = (0, 1, 2)  # one run per seed; summaries give the range over seeds
-    bucket_cap_mb: float = 25  # DDP bucket cap (MiB)
+    bucket_cap_mb: float = DEFAULT_BUCKET_CAP_MB  # DDP bucket cap (MiB)
     smooth: int = 50  # plot: rolling-mean window of the training loss, in iterations
 
 
 def points(cfg: Config) -> list[ConvergenceConfig]:
     if cfg.smooth < 1:
         raise ValueError(f"smooth={cfg.smooth}: the loss's rolling window needs at least 1 iteration")
-    return [ConvergenceConfig(dataset=cfg.dataset, data_dir=cfg.data_dir, world_size=cfg.world_size,
-                              backend=cfg.backend, batch_size=b, sync_every=n, iters=cfg.iters, lr=cfg.lr,
-                              momentum=cfg.momentum, eval_every=cfg.eval_every, seed=seed,
-                              bucket_cap_mb=cfg.bucket_cap_mb)
-            for seed in cfg.seeds for b in cfg.batch_sizes for n in cfg.sync_every]
+    return [
+        ConvergenceConfig(
+            dataset=cfg.dataset,
+            data_dir=cfg.data_dir,
+            world_size=cfg.world_size,
+            backend=cfg.backend,
+            batch_size=b,
+            sync_every=n,
+            iters=cfg.iters,
+            lr=cfg.lr,
+            momentum=cfg.momentum,
+            eval_every=cfg.eval_every,
+            seed=seed,
+            bucket_cap_mb=cfg.bucket_cap_mb,
+        )
+        for seed in cfg.seeds
+        for b in cfg.batch_sizes
+        for n in cfg.sync_every
+    ]
 
 
 def _selected(df, cfg: Config):
     ok = common.ok_rows(df, synced_only=False)  # every iteration's loss counts, synchronized or not
     if ok.empty or "dataset" not in ok.columns:
         return ok.iloc[0:0]
-    keep = (ok["dataset"] == cfg.dataset) & (ok["world_size"] == cfg.world_size) & (ok["iters"] == cfg.iters) \
-        & (ok["lr"] == cfg.lr) & (ok["momentum"] == cfg.momentum) & ok["seed"].isin(cfg.seeds) \
-        & ok["batch_size"].isin(cfg.batch_sizes) & ok["sync_every"].isin(cfg.sync_every)
+    keep = (
+        (ok["dataset"] == cfg.dataset)
+        & (ok["world_size"] == cfg.world_size)
+        & (ok["iters"] == cfg.iters)
+        & (ok["lr"] == cfg.lr)
+        & (ok["momentum"] == cfg.momentum)
+        & ok["seed"].isin(cfg.seeds)
+        & ok["batch_size"].isin(cfg.batch_sizes)
+        & ok["sync_every"].isin(cfg.sync_every)
+    )
     return ok[keep]
 
 
 def loss_curves(ok, smooth: int):
     """(batch_size, sync_every) -> training loss, iteration x seed: mean over ranks, then a rolling mean."""
     mean = ok.groupby(["batch_size", "sync_every", "seed", "iteration"])["loss"].mean()
-    return {key: s.droplevel([0, 1]).unstack("seed").rolling(max(1, smooth), min_periods=1).mean()
-            for key, s in mean.groupby(level=[0, 1])}
+    return {
+        key: s.droplevel([0, 1]).unstack("seed").rolling(max(1, smooth), min_periods=1).mean()
+        for key, s in mean.groupby(level=[0, 1])
+    }
 
 
 def accuracy_curves(ok):
@@ -93,17 +118,22 @@ def accuracy_curves(ok):
 
 def _band(ax, curves, scale: float = 1.0, **style):
     """The mean over seeds as a line, their range shaded."""
-    line, = ax.plot(curves.index + 1, scale * curves.mean(axis=1), **style)
+    (line,) = ax.plot(curves.index + 1, scale * curves.mean(axis=1), **style)
     if curves.shape[1] > 1:
-        ax.fill_between(curves.index + 1, scale * curves.min(axis=1), scale * curves.max(axis=1),
-                        color=line.get_color(), alpha=0.2, lw=0)
+        ax.fill_between(
+            curves.index + 1,
+            scale * curves.min(axis=1),
+            scale * curves.max(axis=1),
+            color=line.get_color(),
+            alpha=0.2,
+            lw=0,
+        )
     return line
 
 
 def plot(df, cfg: Config):
     ok = _selected(df, cfg)
-    fig, axes = plotting.grid(["train loss", "test accuracy"], [str(b) for b in cfg.batch_sizes], width=5.0,
-                            height=3.4)
+    fig, axes = plotting.grid(["train loss", "test accuracy"], [str(b) for b in cfg.batch_sizes], width=5.0, height=3.4)
     losses, accs = loss_curves(ok, cfg.smooth), accuracy_curves(ok)
     seeds = ok["seed"].nunique() if not ok.empty else 0
     over = f". Lines: the mean of {seeds} seeds, shaded: their range" if seeds > 1 else ". One seed"
@@ -117,13 +147,15 @@ def plot(df, cfg: Config):
             if (batch, n) in losses:
                 line = _band(top, losses[batch, n], lw=1.2, label=f"n = {n}")
                 if (batch, n) in accs:
-                    _band(bottom, accs[batch, n], 100, marker=".", ms=3, lw=1.0, color=line.get_color(),
-                          label=f"n = {n}")
+                    _band(
+                        bottom, accs[batch, n], 100, marker=".", ms=3, lw=1.0, color=line.get_color(), label=f"n = {n}"
+                    )
         top.set_yscale("log")
         top.set_title(f"per-rank batch {batch}: training loss (smoothed over {cfg.smooth} it.)", fontsize=9)
         bottom.set_title(f"per-rank batch {batch}: test accuracy (rank 0)", fontsize=9)
-        values = np.concatenate([100 * a.to_numpy().ravel() for (b, _), a in accs.items() if b == batch]
-                                or [np.array([])])
+        values = np.concatenate(
+            [100 * a.to_numpy().ravel() for (b, _), a in accs.items() if b == batch] or [np.array([])]
+        )
         values = values[~np.isnan(values)]
         if len(values):  # zoom on where the curves end up; the first evaluations may sit far below
             bottom.set_ylim(max(0.0, np.percentile(values, 10) - 5), min(100.5, values.max() + 1))
@@ -132,9 +164,14 @@ def plot(df, cfg: Config):
             ax.set_ylabel(ylabel)
             ax.grid(alpha=0.3, which="both")
             ax.legend(fontsize=8, title="sync every", title_fontsize=8)
-    return plotting.finish(fig, f"Figure 11: convergence with skipped synchronization ({cfg.dataset}, "
-                              f"{cfg.world_size} ranks, SGD lr {cfg.lr:g} momentum {cfg.momentum:g})",
-                         PAPER["claim"], ok, f"{over}. Paper setup: {PAPER['setup']}")
+    return plotting.finish(
+        fig,
+        f"Figure 11: convergence with skipped synchronization ({cfg.dataset}, "
+        f"{cfg.world_size} ranks, SGD lr {cfg.lr:g} momentum {cfg.momentum:g})",
+        PAPER["claim"],
+        ok,
+        f"{over}. Paper setup: {PAPER['setup']}",
+    )
 
 
 def _final(ok, cfg: Config) -> pd.DataFrame:
@@ -143,9 +180,12 @@ def _final(ok, cfg: Config) -> pd.DataFrame:
     tail_from = cfg.iters - max(1, cfg.iters // 10)
     early_to = max(1, cfg.iters // 4)
     keys = ["batch_size", "sync_every", "seed"]
-    out = pd.DataFrame({
-        "loss": ok[ok["iteration"] >= tail_from].groupby(keys)["loss"].mean(),
-        "early": ok[ok["iteration"] < early_to].groupby(keys)["loss"].mean()})
+    out = pd.DataFrame(
+        {
+            "loss": ok[ok["iteration"] >= tail_from].groupby(keys)["loss"].mean(),
+            "early": ok[ok["iteration"] < early_to].groupby(keys)["loss"].mean(),
+        }
+    )
     ev = ok[ok["test_accuracy"].notna()]
     last = ev[ev.groupby(keys)["iteration"].transform("max") == ev["iteration"]]
     return out.join(last.groupby(keys)["test_accuracy"].mean().rename("acc"))
@@ -164,9 +204,11 @@ def summarize(df, cfg: Config) -> str:
         return "no results"
     final = _final(ok, cfg)
     seeds = final.index.get_level_values("seed").nunique()
-    lines = [f"{cfg.dataset}, {cfg.world_size} ranks, {cfg.iters} iterations, {seeds} seed(s) (mean [min, max] over "
-             "seeds): training loss over the last 10% of iterations, over the first 25%, final test accuracy; "
-             "ratios and differences to n = 1 taken seed by seed"]
+    lines = [
+        f"{cfg.dataset}, {cfg.world_size} ranks, {cfg.iters} iterations, {seeds} seed(s) (mean [min, max] over "
+        "seeds): training loss over the last 10% of iterations, over the first 25%, final test accuracy; "
+        "ratios and differences to n = 1 taken seed by seed"
+    ]
     for batch in cfg.batch_sizes:
         if batch not in final.index.get_level_values(0):
             continue
@@ -177,13 +219,17 @@ def summarize(df, cfg: Config) -> str:
             if n not in per_n.index.get_level_values(0):
                 continue
             f = per_n.xs(n)
-            text = (f"n={n}: loss {_range(f['loss'], '.4f')}, first 25% {_range(f['early'], '.3f')}, "
-                    f"test acc {_range(f['acc'], '.1f', 100)}%")
+            text = (
+                f"n={n}: loss {_range(f['loss'], '.4f')}, first 25% {_range(f['early'], '.3f')}, "
+                f"test acc {_range(f['acc'], '.1f', 100)}%"
+            )
             if ref is not None and n != 1:
                 both = f.index.intersection(ref.index)
-                text += (f" (loss x{_range(f.loc[both, 'loss'] / ref.loc[both, 'loss'], '.2f')}, first 25% "
-                         f"x{_range(f.loc[both, 'early'] / ref.loc[both, 'early'], '.2f')}, acc "
-                         f"{_range(f.loc[both, 'acc'] - ref.loc[both, 'acc'], '+.1f', 100)} pts)")
+                text += (
+                    f" (loss x{_range(f.loc[both, 'loss'] / ref.loc[both, 'loss'], '.2f')}, first 25% "
+                    f"x{_range(f.loc[both, 'early'] / ref.loc[both, 'early'], '.2f')}, acc "
+                    f"{_range(f.loc[both, 'acc'] - ref.loc[both, 'acc'], '+.1f', 100)} pts)"
+                )
             parts.append(text)
         lines.append(f"batch {batch}: " + "; ".join(parts))
     return "\n".join(lines)

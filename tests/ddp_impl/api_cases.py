@@ -1,6 +1,7 @@
 """Per-rank bodies of test_torch_parity for torch's API around the reducer, each run on ours and on torch's DDP:
 comm hooks and the bucket layout they see, a container output with an entry the loss leaves out, and uneven
 inputs under ``join()``. Spawned ranks import this module."""
+
 from __future__ import annotations
 
 import contextlib
@@ -18,9 +19,17 @@ from tests.ddp_impl.torch_cases import IMPLS, _grads, _outcome, _steps, _x
 # ---- comm hooks and bucket layout --------------------------------------------------------------------------
 def _recording(hook, log):
     def recorded(state, bucket):
-        log.append((bucket.index(), [tuple(p.shape) for p in bucket.parameters()], bucket.buffer().numel(),
-                    bucket.is_last(), [tuple(g.shape) for g in bucket.gradients()]))
+        log.append(
+            (
+                bucket.index(),
+                [tuple(p.shape) for p in bucket.parameters()],
+                bucket.buffer().numel(),
+                bucket.is_last(),
+                [tuple(g.shape) for g in bucket.gradients()],
+            )
+        )
         return hook(state, bucket)
+
     return recorded
 
 
@@ -30,8 +39,9 @@ def hooks_and_layout(ctx, impl, hook_name, cap, find_unused, as_view=False):
     kwargs = {} if cap is None else {"bucket_cap_mb_list" if isinstance(cap, list) else "bucket_cap_mb": cap}
     ddp = IMPLS[impl](model, find_unused_parameters=find_unused, gradient_as_bucket_view=as_view, **kwargs)
     if hook_name == "powersgd":
-        state = powerSGD_hook.PowerSGDState(process_group=None, matrix_approximation_rank=1,
-                                            start_powerSGD_iter=2, min_compression_rate=0.1)
+        state = powerSGD_hook.PowerSGDState(
+            process_group=None, matrix_approximation_rank=1, start_powerSGD_iter=2, min_compression_rate=0.1
+        )
         hook = powerSGD_hook.powerSGD_hook
     else:
         state, hook = None, getattr(default_hooks, f"{hook_name}_hook")
@@ -70,8 +80,12 @@ class AuxHead(nn.Module):
     def forward(self, x):
         h = torch.tanh(self.trunk(x))
         logits, aux = self.head(h), self.aux(h)
-        return {"dict": lambda: {"logits": logits, "aux": aux}, "tuple": lambda: (logits, aux),
-                "namedtuple": lambda: Pair(logits, aux), "dataclass": lambda: PairOut(logits, aux)}[self.kind]()
+        return {
+            "dict": lambda: {"logits": logits, "aux": aux},
+            "tuple": lambda: (logits, aux),
+            "namedtuple": lambda: Pair(logits, aux),
+            "dataclass": lambda: PairOut(logits, aux),
+        }[self.kind]()
 
 
 def _entry(out, name):
@@ -84,10 +98,13 @@ def _entry(out, name):
 
 # torch's DDP trains on these with find_unused_parameters (outputs it can flatten: not a plain dataclass), and
 # raises with static_graph; ours must give torch's find_unused_parameters gradients in every one of them
-UNUSED_OUTPUT_CONFIGS = [dict(find_unused_parameters=True), dict(find_unused_parameters=True,
-                         gradient_as_bucket_view=True), dict(static_graph=True),
-                         dict(static_graph=True, gradient_as_bucket_view=True),
-                         dict(find_unused_parameters=True, static_graph=True)]
+UNUSED_OUTPUT_CONFIGS = [
+    dict(find_unused_parameters=True),
+    dict(find_unused_parameters=True, gradient_as_bucket_view=True),
+    dict(static_graph=True),
+    dict(static_graph=True, gradient_as_bucket_view=True),
+    dict(find_unused_parameters=True, static_graph=True),
+]
 OUTPUT_KINDS = ("dict", "tuple", "namedtuple", "dataclass")
 
 
@@ -107,6 +124,7 @@ def unused_output_entry(ctx, impl, kinds=OUTPUT_KINDS, configs=UNUSED_OUTPUT_CON
                     if aux_on == "rank0" and ctx.rank == 0:
                         loss = loss + _entry(o, "aux").sum()
                     loss.backward()
+
                 out[(kind, k, aux_on)] = _outcome(lambda: _steps(ddp, step_fn, steps=4))
     return out
 
@@ -118,8 +136,12 @@ class JoinNet(nn.Module):
 
     def __init__(self):
         super().__init__()
-        self.first, self.norm, self.last, self.side = nn.Linear(6, 16), nn.BatchNorm1d(16), nn.Linear(16, 3), \
-            nn.Linear(16, 3)
+        self.first, self.norm, self.last, self.side = (
+            nn.Linear(6, 16),
+            nn.BatchNorm1d(16),
+            nn.Linear(16, 3),
+            nn.Linear(16, 3),
+        )
 
     def forward(self, x, side=True):
         h = torch.tanh(self.norm(self.first(x)))

@@ -5,6 +5,7 @@ other, so it runs last): a thread left there is what can abort a process at exit
 
     python tests/ddp_impl/exit_script.py ours|torch destroy|drop|none|cycle|global
 """
+
 import atexit
 import datetime
 import gc
@@ -21,8 +22,8 @@ KEPT = []
 
 
 def _gloo_threads() -> list[str]:
-    """As ``harness.groups.gloo_threads``, which cannot be imported here: importing harness imports ddp_impl, whose
-    exit handler must be registered after this script's report."""
+    """As ``harness.launch.groups.gloo_threads``, which cannot be imported here: importing harness imports ddp_impl,
+    whose exit handler must be registered after this script's report."""
     names = []
     for tid in os.listdir("/proc/self/task"):
         try:

@@ -1,5 +1,6 @@
 """After the rebuild, our buckets hold the same bytes as torch's (same caps, same first-bucket rule), so a
 latency comparison of the two launches the same allreduces."""
+
 import copy
 from unittest import mock
 
@@ -7,7 +8,7 @@ import pytest
 import torch
 import torchvision
 
-from harness.launch import launch
+from harness.launch.spawn import launch
 
 CAPS = [None, 1, 5, 25, 100]  # None: the default (25 MiB with a 1 MiB first bucket, in both)
 
@@ -20,16 +21,20 @@ def bucket_bytes(ctx):
     out = {}
     for cap in CAPS:
         kwargs = {} if cap is None else {"bucket_cap_mb": cap}
-        ours, theirs = (wrap(copy.deepcopy(resnet50), init_sync=False, **kwargs)  # the layout, not the values
-                        for wrap in (OurDDP, torch.nn.parallel.DistributedDataParallel))
+        ours, theirs = (
+            wrap(copy.deepcopy(resnet50), init_sync=False, **kwargs)  # the layout, not the values
+            for wrap in (OurDDP, torch.nn.parallel.DistributedDataParallel)
+        )
         for model in (ours, theirs):
             for _ in range(2):  # both rebuild in the second forward
                 model(x).sum().backward()
         theirs.logger.set_runtime_stats_and_log()  # else torch logs the rebuild at the next forward
         logged = theirs._get_ddp_logging_data()
         assert logged.get("has_rebuilt_buckets") == 1
-        out[cap] = ([b["nbytes"] for b in ours.bucket_info()],
-                    [int(s) for s in logged["rebuilt_bucket_sizes"].split(",")])
+        out[cap] = (
+            [b["nbytes"] for b in ours.bucket_info()],
+            [int(s) for s in logged["rebuilt_bucket_sizes"].split(",")],
+        )
     return out
 
 
@@ -71,7 +76,9 @@ def _old_bucket_refs_at_new_allocation(ctx, as_view):
 def test_rebuild_frees_the_old_buckets_before_allocating_new_ones():
     """Like torch: without gradient_as_bucket_view nothing lives in the old buckets, so the rebuild's peak is one
     set of buckets, not two (with the view option .grad still points into them until it is moved)."""
-    plain, view = (launch(_old_bucket_refs_at_new_allocation, 1, "gloo", args=(as_view,), timeout_s=60)[0]
-                   for as_view in (False, True))
+    plain, view = (
+        launch(_old_bucket_refs_at_new_allocation, 1, "gloo", args=(as_view,), timeout_s=60)[0]
+        for as_view in (False, True)
+    )
     assert len(plain) > 1 and plain == [0] * len(plain), plain
     assert all(n > 0 for n in view), view  # the check itself sees references when there are some

@@ -1,4 +1,5 @@
 """Bucket assignment on real parameter lists (ResNet50, BERT-base), built but never run."""
+
 import pytest
 import torch
 import torchvision
@@ -54,9 +55,11 @@ def test_resnet50_bucket_count_at_default_cap():
 
 
 def test_split_by_dtype_and_given_order():
-    specs = [ParamSpec("a", 10, torch.float32, torch.device("cpu")),
-             ParamSpec("b", 10, torch.float16, torch.device("cpu")),
-             ParamSpec("c", 10, torch.float32, torch.device("cpu"))]
+    specs = [
+        ParamSpec("a", 10, torch.float32, torch.device("cpu")),
+        ParamSpec("b", 10, torch.float16, torch.device("cpu")),
+        ParamSpec("c", 10, torch.float32, torch.device("cpu")),
+    ]
     buckets = assign_buckets(specs, 10**6, order=[1, 0, 2])
     assert [b.names for b in buckets] == [("b",), ("a", "c")]
     with pytest.raises(ValueError, match="permutation"):

@@ -1,8 +1,9 @@
 """Our DDP against torch's DistributedDataParallel and against single-process training (Gloo, spawned ranks)."""
+
 import pytest
 
+from harness.launch.spawn import launch
 from tests.ddp_impl import workers
-from harness.launch import launch
 
 TOL = 1e-6
 
@@ -67,7 +68,7 @@ def test_timing_fields_are_consistent():
 
 
 def test_the_gpu_checks_matrix_passes_on_cpu():
-    """make gpu-check's comparisons (harness.parity.device_matrix), float64 and float32, on Gloo CPU ranks."""
+    """make gpu-check's comparisons (experiments.parity.device_matrix), float64 and float32, on Gloo CPU ranks."""
     for errors in launch(workers.device_matrix_cpu, 2, "gloo", timeout_s=60, deadline_s=300):
         assert len(errors) == 13 and {"fp16 hook float32", "overlap=False float64"} <= set(errors)
         bad = {name: err for name, err in errors.items() if err > (5e-3 if "fp16" in name else 1e-6)}

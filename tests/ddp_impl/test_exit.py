@@ -3,6 +3,7 @@ leave no Gloo thread running into the interpreter's finalization, whatever the e
 threads are the cause, so their absence is asserted on every run, not only the rarer abort they can cause;
 torch's DDP on the same script leaves them, which shows the check can see them. ``make stress`` runs each ending
 many times."""
+
 import subprocess
 import sys
 from pathlib import Path

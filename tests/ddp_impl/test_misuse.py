@@ -1,10 +1,12 @@
 """Misuse gets a clear error within bounded time, never a hang or a silently wrong gradient."""
+
 import pytest
 import torch
 
 from ddp_impl import DistributedDataParallel
+from ddp_impl.construction import check_devices
+from harness.launch.spawn import LaunchError, launch
 from tests.ddp_impl import workers
-from harness.launch import LaunchError, launch
 
 
 def test_no_process_group():
@@ -29,9 +31,8 @@ def test_unknown_timing_mode():
 
 
 def test_nccl_with_cpu_tensors():
-    named = list(torch.nn.Linear(2, 2).named_parameters())
     with pytest.raises(ValueError, match="NCCL backend needs CUDA tensors, but parameter weight is on cpu"):
-        DistributedDataParallel._check_devices(named, "nccl")
+        check_devices(torch.nn.Linear(2, 2), "nccl")
 
 
 def test_parameter_without_gradient_is_named_at_next_forward():
@@ -45,8 +46,9 @@ def test_parameter_without_gradient_is_named_at_next_forward():
 def test_different_models_on_different_ranks():
     with pytest.raises(LaunchError) as err:
         launch(workers.mismatched_models, 2, "gloo", timeout_s=30, deadline_s=90)
-    assert ("parameter mismatch at position 0: rank 0 has weight (4, 4) torch.float32, rank 1 has weight (5, 4)"
-            in str(err.value))
+    assert "parameter mismatch at position 0: rank 0 has weight (4, 4) torch.float32, rank 1 has weight (5, 4)" in str(
+        err.value
+    )
 
 
 def test_join_on_an_unlearnt_static_graph_is_refused_then_runs():

@@ -1,16 +1,28 @@
 """Scripts that once gave ours silently wrong gradients (or a crash), run on ours and on torch's DDP side by
 side: gradients equal, or both raise. Gloo, spawned ranks, float64 where the math allows."""
+
 import numpy as np
 import pytest
 import torch
 
-from harness.launch import launch
+from harness.launch.spawn import launch
 from tests.ddp_impl import api_cases, torch_cases
 
 # exception_in_backward leaves collectives unmatched by design: it runs in its own launch
-CASES = ["no_sync_unused", "reentrant_checkpoint", "dataclass_output", "replaced_buffer",
-         "pickling", "create_graph", "no_buffer_broadcast", "frozen_module", "tied_mixed_frozen", "view_unused",
-         "round_robin_hook", "static_graph"]
+CASES = [
+    "no_sync_unused",
+    "reentrant_checkpoint",
+    "dataclass_output",
+    "replaced_buffer",
+    "pickling",
+    "create_graph",
+    "no_buffer_broadcast",
+    "frozen_module",
+    "tied_mixed_frozen",
+    "view_unused",
+    "round_robin_hook",
+    "static_graph",
+]
 
 
 def portable(obj):
@@ -26,8 +38,9 @@ def portable(obj):
 
 
 def run_cases(ctx, names):
-    return portable({name: {impl: getattr(torch_cases, name)(ctx, impl) for impl in ("ours", "torch")}
-                     for name in names})
+    return portable(
+        {name: {impl: getattr(torch_cases, name)(ctx, impl) for impl in ("ours", "torch")} for name in names}
+    )
 
 
 def assert_same(ours, theirs, where, tol=1e-9):
@@ -37,8 +50,9 @@ def assert_same(ours, theirs, where, tol=1e-9):
     if isinstance(theirs, np.ndarray) or theirs is None:
         assert (ours is None) == (theirs is None), f"{where}: gradient present in one DDP only"
         if theirs is not None:
-            torch.testing.assert_close(torch.as_tensor(ours), torch.as_tensor(theirs), rtol=tol, atol=tol,
-                                       msg=lambda m: f"{where}: {m}")
+            torch.testing.assert_close(
+                torch.as_tensor(ours), torch.as_tensor(theirs), rtol=tol, atol=tol, msg=lambda m: f"{where}: {m}"
+            )
         return
     assert len(ours) == len(theirs), where
     for k, (a, b) in enumerate(zip(ours, theirs)):
@@ -90,20 +104,27 @@ def test_world_size_one():
         assert_same(got["ours"], got["torch"], case)
 
 
-HOOK_CASES = [("allreduce", None, False, False), ("fp16_compress", None, False, False),
-              ("bf16_compress", 0.0005, False, False),
-              ("allreduce", 0.0005, True, False), ("allreduce", [0.0002, 0.005], False, False),
-              ("fp16_compress", 0, True, True), ("allreduce", None, True, True),
-              # powerSGD issues (and waits on) collectives inside future callbacks, on Gloo's thread: with two or
-              # more buckets, or beside find_unused_parameters' usage allreduce, ranks then order collectives
-              # differently and torch's DDP deadlocks or crashes as ours does (measured: 3 of 4 runs). Compared
-              # where torch's DDP runs it reliably on Gloo: one bucket (the default cap here).
-              ("powersgd", None, False, False), ("powersgd", None, False, True)]
+HOOK_CASES = [
+    ("allreduce", None, False, False),
+    ("fp16_compress", None, False, False),
+    ("bf16_compress", 0.0005, False, False),
+    ("allreduce", 0.0005, True, False),
+    ("allreduce", [0.0002, 0.005], False, False),
+    ("fp16_compress", 0, True, True),
+    ("allreduce", None, True, True),
+    # powerSGD issues (and waits on) collectives inside future callbacks, on Gloo's thread: with two or
+    # more buckets, or beside find_unused_parameters' usage allreduce, ranks then order collectives
+    # differently and torch's DDP deadlocks or crashes as ours does (measured: 3 of 4 runs). Compared
+    # where torch's DDP runs it reliably on Gloo: one bucket (the default cap here).
+    ("powersgd", None, False, False),
+    ("powersgd", None, False, True),
+]
 
 
 def run_hooks(ctx):
-    return portable([{impl: api_cases.hooks_and_layout(ctx, impl, *case) for impl in ("ours", "torch")}
-            for case in HOOK_CASES])
+    return portable(
+        [{impl: api_cases.hooks_and_layout(ctx, impl, *case) for impl in ("ours", "torch")} for case in HOOK_CASES]
+    )
 
 
 def test_torch_hooks_run_unchanged_with_torch_bucket_layout():
@@ -117,9 +138,14 @@ def test_torch_hooks_run_unchanged_with_torch_bucket_layout():
 
 
 def run_unused_outputs(ctx):
-    return portable({"ours": api_cases.unused_output_entry(ctx, "ours"),
-                     "torch": api_cases.unused_output_entry(ctx, "torch", kinds=("dict", "tuple", "namedtuple"),
-                                                              configs=api_cases.UNUSED_OUTPUT_CONFIGS[:2])})
+    return portable(
+        {
+            "ours": api_cases.unused_output_entry(ctx, "ours"),
+            "torch": api_cases.unused_output_entry(
+                ctx, "torch", kinds=("dict", "tuple", "namedtuple"), configs=api_cases.UNUSED_OUTPUT_CONFIGS[:2]
+            ),
+        }
+    )
 
 
 def test_an_output_entry_the_loss_leaves_out_trains_as_torch():
@@ -144,8 +170,12 @@ def test_an_output_entry_the_loss_leaves_out_trains_as_torch():
 
 
 def run_uneven(ctx):
-    return portable({case[0]: {impl: api_cases.uneven_inputs(ctx, impl, case[0]) for impl in ("ours", "torch")}
-                     for case in api_cases.JOIN_CASES})
+    return portable(
+        {
+            case[0]: {impl: api_cases.uneven_inputs(ctx, impl, case[0]) for impl in ("ours", "torch")}
+            for case in api_cases.JOIN_CASES
+        }
+    )
 
 
 def test_uneven_inputs_train_in_join_as_torch():
@@ -159,8 +189,13 @@ def test_uneven_inputs_train_in_join_as_torch():
             if case == "unused":  # torch's joined rank sends the usage map it last received, not its own:
                 # a parameter unused by every training rank then gets zeros from torch, where ours leaves .grad
                 # None as outside join (the same SGD step)
-                ours = [[np.zeros_like(t) if o is None and t is not None and not t.any() else o
-                         for o, t in zip(step_o, step_t)] for step_o, step_t in zip(ours, theirs)]
+                ours = [
+                    [
+                        np.zeros_like(t) if o is None and t is not None and not t.any() else o
+                        for o, t in zip(step_o, step_t)
+                    ]
+                    for step_o, step_t in zip(ours, theirs)
+                ]
             assert_same(ours, theirs, f"rank{rank} {case}", tol=1e-6)
             assert_same(model, torch_model, f"rank{rank} {case} final model", tol=1e-6)
     for case, by_impl in r0.items():  # everyone leaves with one model, and it trained

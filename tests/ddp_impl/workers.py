@@ -1,4 +1,5 @@
-"""Per-rank bodies of the ddp_impl tests, run by ``harness.launch`` (spawned ranks import this module)."""
+"""Per-rank bodies of the ddp_impl tests, run by ``harness.launch.spawn`` (spawned ranks import this module)."""
+
 from __future__ import annotations
 
 import torch
@@ -6,10 +7,18 @@ from torch import nn
 from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
 
 from ddp_impl import DistributedDataParallel as OurDDP
-from harness.parity import (CAPS_MB, STEPS, Branchy, ConvNet, Reordered, seeded, compare,  # noqa: F401 (CAPS_MB)
-                            max_rel_error, mlp)
 from ddp_impl import RoundRobinProcessGroup
-
+from experiments.parity import (
+    CAPS_MB,
+    STEPS,
+    Branchy,
+    ConvNet,
+    Reordered,
+    compare,  # noqa: F401 (CAPS_MB)
+    max_rel_error,
+    mlp,
+    seeded,
+)
 
 
 def equivalence_matrix(ctx):
@@ -19,18 +28,23 @@ def equivalence_matrix(ctx):
     for cap in CAPS_MB:
         for overlap in (True, False):
             errors[f"convnet cap={cap} overlap={overlap}"] = compare(
-                rank, dict(bucket_cap_mb=cap, overlap=overlap), {}, "convnet")
+                rank, dict(bucket_cap_mb=cap, overlap=overlap), {}, "convnet"
+            )
     errors["convnet gradient_as_bucket_view"] = compare(
-        rank, dict(bucket_cap_mb=0.01, gradient_as_bucket_view=True), dict(gradient_as_bucket_view=True), "convnet")
+        rank, dict(bucket_cap_mb=0.01, gradient_as_bucket_view=True), dict(gradient_as_bucket_view=True), "convnet"
+    )
     for accum in (1, 2, 3, 4):
         errors[f"no_sync accum={accum}"] = compare(rank, dict(bucket_cap_mb=0.01), {}, "convnet", accum)
         errors[f"no_sync accum={accum} view"] = compare(
-            rank, dict(bucket_cap_mb=0.01, gradient_as_bucket_view=True), {}, "convnet", accum)
+            rank, dict(bucket_cap_mb=0.01, gradient_as_bucket_view=True), {}, "convnet", accum
+        )
     for cap in (0, 25):
         errors[f"find_unused cap={cap}"] = compare(
-            rank, dict(bucket_cap_mb=cap, find_unused_parameters=True), dict(find_unused_parameters=True), "branchy")
-    errors["find_unused accum=2"] = compare(rank, dict(find_unused_parameters=True),
-                                            dict(find_unused_parameters=True), "branchy", accum=2)
+            rank, dict(bucket_cap_mb=cap, find_unused_parameters=True), dict(find_unused_parameters=True), "branchy"
+        )
+    errors["find_unused accum=2"] = compare(
+        rank, dict(find_unused_parameters=True), dict(find_unused_parameters=True), "branchy", accum=2
+    )
     rr = RoundRobinProcessGroup.new(3)
     errors["round robin k=3"] = compare(rank, dict(bucket_cap_mb=0, process_group=rr), {}, "convnet")
     errors["reordered (rebuild)"] = compare(rank, dict(bucket_cap_mb=0), {}, "reordered")
@@ -42,8 +56,10 @@ def compression(ctx):
     rank = ctx.rank
     out = {}
     for name, torch_hook in (("fp16", default_hooks.fp16_compress_hook), ("bf16", default_hooks.bf16_compress_hook)):
-        out[name] = (compare(rank, dict(comm_hook=name), {}, "mlp", torch_hook=torch_hook, dtype=torch.float32),
-                     compare(rank, dict(comm_hook=name), {}, "mlp", dtype=torch.float32))
+        out[name] = (
+            compare(rank, dict(comm_hook=name), {}, "mlp", torch_hook=torch_hook, dtype=torch.float32),
+            compare(rank, dict(comm_hook=name), {}, "mlp", dtype=torch.float32),
+        )
     return out
 
 
@@ -128,7 +144,8 @@ def freed_after_use(ctx):
 
 
 def device_matrix_cpu(ctx):
-    from harness import parity
+    from experiments import parity
+
     return parity.device_matrix(ctx, "cpu")
 
 
@@ -140,6 +157,7 @@ class FakeEvent:
 
     def record(self):
         import time
+
         self.t = time.perf_counter()
 
     def synchronize(self):
@@ -155,6 +173,7 @@ def event_stamps(ctx):
     completion callback may run on the communication thread after its iteration returned, and must not count
     against the next configuration."""
     from ddp_impl.timing import EventClock
+
     out = {}
     for cap in (0, 25):
         for mode in (True, "trace"):
@@ -165,6 +184,10 @@ def event_stamps(ctx):
             for step in range(6):
                 model(torch.randn(8, 3, 16, 16)).sum().backward()
                 in_sets.append(sum(map(len, model._clock._sets)))
-            out[(cap, mode)] = dict(in_sets=in_sets, created=len(created), timing=model.last_timing.as_dict(),
-                                    buckets=len(model.reducer.buckets))
+            out[(cap, mode)] = dict(
+                in_sets=in_sets,
+                created=len(created),
+                timing=model.last_timing.as_dict(),
+                buckets=len(model.reducer.buckets),
+            )
     return out

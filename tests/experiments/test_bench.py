@@ -1,4 +1,5 @@
 """`make bench` in a tiny configuration: the CLI runs, writes tidy CSVs and prints the tables (no time limits)."""
+
 import math
 import os
 import subprocess
@@ -10,24 +11,55 @@ import pandas as pd
 import pytest
 import torch
 
-from experiments import bench
-from experiments.bench import MEMORY_COLUMNS, SUMMARY_COLUMNS, BenchConfig, pooled, validate_bench
-from harness.launch import launch
+from experiments.tools import bench
+from experiments.tools.bench import MEMORY_COLUMNS, SUMMARY_COLUMNS, BenchConfig, pooled, validate_bench
+
+FINITE_SUMMARY = (  # every one a positive, finite number at each cap
+    "ours_ms",
+    "torch_ms",
+    "ours_notiming_ms",
+    "ideal_ms_ours",
+    "ideal_ms_torch",
+    "local_backward_ms",
+    "allreduce_ms",
+    "ratio",
+    "ratio_p10",
+    "ratio_p90",
+    "ratio_ci_lo",
+    "ratio_ci_hi",
+    "paired_ratio",
+    "cpu_ratio",
+    "ours_vs_ideal",
+    "torch_vs_ideal",
+    "torch_b_ms",
+    "aa_ratio",
+    "ratio_both",
+    "paired_both",
+)
 
 
-def test_bench_cli_tiny(tmp_path):
-    out = tmp_path / "bench"
-    cmd = [sys.executable, "-m", "experiments.bench", "--models=small", "--bucket_caps_mb=1,25", "--iters=3",
-           "--warmup=2", "--memory_iters=1", "--threads_per_rank=1", "--timeout_s=60", f"--out={out}"]
-    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=240)
-    assert proc.returncode == 0, proc.stderr[-3000:]
+def _run_tiny_bench(out) -> subprocess.CompletedProcess:
+    cmd = [
+        sys.executable,
+        "-m",
+        "experiments.tools.bench",
+        "--models=small",
+        "--bucket_caps_mb=1,25",
+        "--iters=3",
+        "--warmup=2",
+        "--memory_iters=1",
+        "--threads_per_rank=1",
+        "--timeout_s=60",
+        f"--out={out}",
+    ]
+    return subprocess.run(cmd, capture_output=True, text=True, timeout=240)
 
+
+def _check_summary(out) -> None:
     summary = pd.read_csv(out / "summary.csv")
     assert list(summary["bucket_cap_mb"]) == [1.0, 25.0] and set(summary["model"]) == {"small"}
     assert set(SUMMARY_COLUMNS) <= set(summary.columns)
-    for col in ("ours_ms", "torch_ms", "ours_notiming_ms", "ideal_ms_ours", "ideal_ms_torch", "local_backward_ms",
-                "allreduce_ms", "ratio", "ratio_p10", "ratio_p90", "ratio_ci_lo", "ratio_ci_hi", "paired_ratio",
-                "cpu_ratio", "ours_vs_ideal", "torch_vs_ideal", "torch_b_ms", "aa_ratio", "ratio_both", "paired_both"):
+    for col in FINITE_SUMMARY:
         assert all(math.isfinite(v) and v > 0 for v in summary[col]), col
     assert (summary["ratio_ci_lo"] <= summary["ratio_ci_hi"]).all()
     assert (summary["rounds"] == 3).all() and summary["same_buckets"].all() and (summary["malloc"] == "default").all()
@@ -36,6 +68,9 @@ def test_bench_cli_tiny(tmp_path):
 
     assert (summary["paired_both_ci_lo"] <= summary["paired_both"]).all()
     assert (summary["paired_both"] <= summary["paired_both_ci_hi"]).all()
+
+
+def _check_pooled_and_samples(out) -> None:
     pool = pd.read_csv(out / "pooled.csv")
     assert list(pool["comparison"]) == ["ours / torch, torch_b", "ours_notiming / torch, torch_b", "torch_b / torch"]
     assert (pool["points"] == 2).all() and (pool["rounds"] == 6).all()
@@ -48,12 +83,27 @@ def test_bench_cli_tiny(tmp_path):
     assert (trained["sys_ms"] >= 0).all() and (trained["sys_ms"] <= trained["cpu_ms"] + 1e-6).all()
     assert (counts == 2 * 3).all()  # 2 ranks x 3 rounds, every variant, every cap
 
+
+def _check_memory(out) -> None:
     memory = pd.read_csv(out / "memory.csv")
     assert set(MEMORY_COLUMNS) <= set(memory.columns)
     assert sorted(zip(memory["variant"], memory["gradient_as_bucket_view"])) == [
-        ("local", False), ("ours", False), ("ours", True), ("torch", False), ("torch", True)]
+        ("local", False),
+        ("ours", False),
+        ("ours", True),
+        ("torch", False),
+        ("torch", True),
+    ]
     assert (memory["peak_mb"] >= 0).all() and (memory["param_mb"] > 0).all()
 
+
+def test_bench_cli_tiny(tmp_path):
+    out = tmp_path / "bench"
+    proc = _run_tiny_bench(out)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    _check_summary(out)
+    _check_pooled_and_samples(out)
+    _check_memory(out)
     for header in ("ours_ms", "torch_ms", "ratio", "ours_vs_ideal", "pooled_ratio", "peak_mb"):
         assert header in proc.stdout
 
@@ -68,8 +118,12 @@ def _samples(ratios: dict[float, float], rounds: int, seed: int = 0) -> pd.DataF
             load = rng.uniform(0.7, 1.5)
             for rank in (0, 1):
                 base = 100.0 * load * (1 + 0.01 * rank)
-                for variant, ms in (("torch", base), ("torch_b", base), ("ours", base * ratio),
-                                    ("ours_notiming", base * ratio)):
+                for variant, ms in (
+                    ("torch", base),
+                    ("torch_b", base),
+                    ("ours", base * ratio),
+                    ("ours_notiming", base * ratio),
+                ):
                     rows.append(dict(model="m", bucket_cap_mb=cap, variant=variant, round=rnd, rank=rank, total_ms=ms))
     return pd.DataFrame(rows)
 
@@ -109,8 +163,20 @@ def test_bench_config_is_validated():
 def test_bench_at_world_size_one_on_the_host_bound_model(tmp_path):
     """One rank (one GPU's case) runs every variant; tiny-layers' 800 parameters all reach the buckets."""
     out = tmp_path / "bench"
-    assert bench.main(["--models=tiny-layers", "--bucket_caps_mb=0,25", "--world_size=1", "--iters=3",
-                       "--memory=false", "--timeout_s=60", f"--out={out}"]) == 0
+    assert (
+        bench.main(
+            [
+                "--models=tiny-layers",
+                "--bucket_caps_mb=0,25",
+                "--world_size=1",
+                "--iters=3",
+                "--memory=false",
+                "--timeout_s=60",
+                f"--out={out}",
+            ]
+        )
+        == 0
+    )
     summary = pd.read_csv(out / "summary.csv")
     assert (summary["world_size"] == 1).all() and summary["same_buckets"].all()
     assert list(summary["num_params"]) == [400 * (16 * 16 + 16)] * 2

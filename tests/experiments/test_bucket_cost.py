@@ -1,7 +1,8 @@
-"""``python -m experiments.bucket_cost`` on one rank: every DDP's cost per bucket and every step are stored."""
+"""``python -m experiments bucket-cost`` on one rank: every DDP's cost per bucket and every step are stored."""
+
 import pandas as pd
 
-from experiments import bucket_cost
+from experiments.tools import bucket_cost
 
 
 def test_bucket_cost_stores_each_ddps_cost_per_bucket_and_each_step(tmp_path, monkeypatch):

@@ -1,10 +1,11 @@
 """The documents cannot drift from the committed results (``make report``) and carry answers, not history."""
+
 import re
 import subprocess
 
 import pytest
 
-from experiments import documents
+from experiments.tools import report as documents
 from harness.results import REPO_ROOT
 
 HASH = re.compile(r"\b(?=[0-9a-f]*[a-f])(?=[0-9a-f]*[0-9])[0-9a-f]{7,40}\b")
@@ -13,8 +14,9 @@ DATED_SECTION = "## Where the reference run ran"  # REPRODUCTION.md's one sectio
 
 
 def _shallow() -> bool:
-    done = subprocess.run(["git", "rev-parse", "--is-shallow-repository"], cwd=REPO_ROOT, capture_output=True,
-                          text=True)
+    done = subprocess.run(
+        ["git", "rev-parse", "--is-shallow-repository"], cwd=REPO_ROOT, capture_output=True, text=True
+    )
     return done.stdout.strip() != "false"
 
 
@@ -27,7 +29,9 @@ def test_a_region_is_regenerated_whole_and_an_unknown_one_refused():
     text = "before\n<!-- make report: run-times -->\nan old number: 1 s\n<!-- end: run-times -->\nafter\n"
     out = documents.render(text)
     assert "old number" not in out and "`make test` from a fresh clone" in out
-    assert out.startswith("before\n<!-- make report: run-times -->\n") and out.endswith("<!-- end: run-times -->\nafter\n")
+    assert out.startswith("before\n<!-- make report: run-times -->\n") and out.endswith(
+        "<!-- end: run-times -->\nafter\n"
+    )
     assert documents.render(out) == out
     with pytest.raises(ValueError, match="unknown region 'nope'"):
         documents.render("<!-- make report: nope -->\n<!-- end: nope -->\n")
@@ -42,8 +46,9 @@ def _undated(name: str) -> str:
     return text
 
 
-@pytest.mark.parametrize("name", [*documents.DOCUMENTS, "results/README.md", "harness/README.md",
-                                  "simulator/README.md"])
+@pytest.mark.parametrize(
+    "name", [*documents.DOCUMENTS, "results/README.md", "harness/README.md", "simulator/README.md"]
+)
 def test_documents_name_no_commit_and_no_date_outside_where_the_reference_ran(name):
     text = _undated(name)
     assert HASH.findall(text) == [] and DATE.findall(text) == []

@@ -1,18 +1,19 @@
 """Every figure driver end to end in a tiny configuration (small model, 2 ranks, 2 iterations)."""
+
 import dataclasses
 from pathlib import Path
 
+import matplotlib.pyplot as plt
+import numpy as np
 import pandas as pd
 import pytest
 from PIL import Image
 
-import matplotlib.pyplot as plt
-import numpy as np
-
-from experiments import plotting, tune, verdicts
-from experiments.figures import fig07_bucket_size as fig7
+from experiments import plotting, verdicts
 from experiments.__main__ import main
+from experiments.figures import fig07_bucket_size as fig7
 from experiments.registry import drivers, stored_config
+from experiments.tools import tune
 from harness import load_results, point_id
 from tests.experiments.test_verdicts import fig7_case
 
@@ -45,8 +46,11 @@ def test_every_paper_figure_has_a_driver():
 def test_driver_end_to_end(name, results_dir, monkeypatch):
     monkeypatch.setenv("DDP_REPRO_RESULTS", str(results_dir))
     fields = {f"--{f.name}" for f in dataclasses.fields(drivers()[name].Config)}  # fig11 has no warmup/profile
-    argv = [name, *TINY[name], *[a for a in COMMON if a.split("=")[0] in fields
-                                 and a.split("=")[0] not in " ".join(TINY[name])]]
+    argv = [
+        name,
+        *TINY[name],
+        *[a for a in COMMON if a.split("=")[0] in fields and a.split("=")[0] not in " ".join(TINY[name])],
+    ]
     assert main(argv) == 0
     df = load_results(name, results_dir)
     assert not df.empty and (df["error"].fillna("") == "").all(), df["error"].dropna().tolist()
@@ -127,8 +131,20 @@ def test_fig10_measures_after_the_first_synchronized_iteration_and_the_rebuild_a
     cfg = fig10.Config(models=("small",), world_sizes=(2,), sync_every=(1, 2, 8), repeats=1, backends=("gloo",))
     assert {p.sync_every: p.warmup for p in fig10.points(cfg)} == {1: 2, 2: 4, 8: 16}
     # rows stored when warmup was not yet counted in cycles (n = 8 measured from iteration 2) are left out
-    rows = pd.DataFrame(dict(model="small", sync_every=[1, 8, 8], warmup=[2, 2, 16], bucket_cap_mb=25.0, error="",
-                             synced=True, net=cfg.net, hosts=1, impl="ours", total_ms=[1.0, 2.0, 3.0]))
+    rows = pd.DataFrame(
+        dict(
+            model="small",
+            sync_every=[1, 8, 8],
+            warmup=[2, 2, 16],
+            bucket_cap_mb=25.0,
+            error="",
+            synced=True,
+            net=cfg.net,
+            hosts=1,
+            impl="ours",
+            total_ms=[1.0, 2.0, 3.0],
+        )
+    )
     assert list(fig10._selected(rows, cfg)["total_ms"]) == [1.0, 3.0]
 
 
@@ -138,8 +154,11 @@ def _paired_panels(fig) -> dict:
     for lower in fig.axes:
         drawn = plotting.drawn_paired(lower)
         if drawn:
-            [upper] = [ax for ax in fig.axes if ax is not lower and ax.get_title()
-                       and lower.get_shared_x_axes().joined(lower, ax)]
+            [upper] = [
+                ax
+                for ax in fig.axes
+                if ax is not lower and ax.get_title() and lower.get_shared_x_axes().joined(lower, ax)
+            ]
             out[upper.get_title()] = drawn, [t.get_text() for t in lower.get_xticklabels()]
     return out
 
@@ -181,8 +200,13 @@ def test_tune_draws_the_paired_ratios_its_report_reads(tmp_path, monkeypatch):
     case = fig7_case()
     per_task = verdicts.task_medians(case[case["model"] == "resnet50"], ["bucket_cap_mb"])
     grid = (0.0, 1.0, 5.0, 25.0, 100.0, 1000.0)
-    out = dict(recommended_mb=5.0, predicted={c: 100.0 + c / 10 for c in grid}, measured=per_task,
-               band={c: (90.0, 110.0 + c / 10) for c in grid}, regret={c: 1.0 for c in grid})
+    out = dict(
+        recommended_mb=5.0,
+        predicted={c: 100.0 + c / 10 for c in grid},
+        measured=per_task,
+        band={c: (90.0, 110.0 + c / 10) for c in grid},
+        regret={c: 1.0 for c in grid},
+    )
     figures = []
     monkeypatch.setattr(plotting, "save", lambda fig, name, root=None: figures.append(fig) or tmp_path / "tune.png")
     tune.plot(out, tune.Config(), tmp_path)
@@ -190,14 +214,19 @@ def test_tune_draws_the_paired_ratios_its_report_reads(tmp_path, monkeypatch):
     ranking = verdicts.rank_options(per_task)
     marks = _agrees(plotting.drawn_paired(lower), ranking, [t.get_text() for t in lower.get_xticklabels()], list(grid))
     assert marks[25] == "best" and marks[5] == "tied"
-    assert f"measured recommended 5 MiB: {verdicts.spread(verdicts.per_repeat(per_task).xs(5)).fmt()}, " \
-           f"{ranking.ratios[5].fmt('x', 3)} of the best measured (25 MiB)" in tune.report(out)
+    assert (
+        f"measured recommended 5 MiB: {verdicts.spread(verdicts.per_repeat(per_task).xs(5)).fmt()}, "
+        f"{ranking.ratios[5].fmt('x', 3)} of the best measured (25 MiB)" in tune.report(out)
+    )
     plt.close(figures[0])
 
 
 def test_fig2_calls_larger_than_every_parameter_are_one_call_of_all_once():
     from experiments.figures import fig02_allreduce_granularity as fig2
 
-    calls = [p.params_per_call for p in fig2.points(fig2.Config(total_params=1_000_000, repeats=1, backends=("gloo",)))
-             if type(p).__name__ == "AllreduceConfig"]
+    calls = [
+        p.params_per_call
+        for p in fig2.points(fig2.Config(total_params=1_000_000, repeats=1, backends=("gloo",)))
+        if type(p).__name__ == "AllreduceConfig"
+    ]
     assert sorted(calls) == [10_000, 100_000, 1_000_000]  # 10M and 25.6M: the one call of all, not twice more

@@ -1,4 +1,5 @@
 """fig11's summary over seeds: means and ranges computed by hand from synthetic loss curves."""
+
 import numpy as np
 import pandas as pd
 
@@ -10,17 +11,33 @@ def _rows(seed: int, n: int, loss: float, early: float, acc: float, iters: int =
     rows = []
     for rank in (0, 1):
         for it in range(iters):
-            rows.append(dict(dataset="digits", world_size=2, iters=iters, lr=0.02, momentum=0.9, seed=seed,
-                             batch_size=8, sync_every=n, iteration=it, rank=rank, error="",
-                             loss=early if it < iters // 4 else loss,
-                             test_accuracy=(acc if it == iters - 1 else 0.5) if rank == 0 and it % 10 == 9
-                             else np.nan))
+            rows.append(
+                dict(
+                    dataset="digits",
+                    world_size=2,
+                    iters=iters,
+                    lr=0.02,
+                    momentum=0.9,
+                    seed=seed,
+                    batch_size=8,
+                    sync_every=n,
+                    iteration=it,
+                    rank=rank,
+                    error="",
+                    loss=early if it < iters // 4 else loss,
+                    test_accuracy=(acc if it == iters - 1 else 0.5) if rank == 0 and it % 10 == 9 else np.nan,
+                )
+            )
     return rows
 
 
 def test_summary_gives_mean_and_range_over_seeds_and_pairs_ratios_by_seed():
-    df = pd.DataFrame(_rows(0, 1, 0.10, 0.20, 0.90) + _rows(1, 1, 0.20, 0.40, 0.80)
-                      + _rows(0, 8, 0.05, 0.30, 0.92) + _rows(1, 8, 0.20, 0.40, 0.70))
+    df = pd.DataFrame(
+        _rows(0, 1, 0.10, 0.20, 0.90)
+        + _rows(1, 1, 0.20, 0.40, 0.80)
+        + _rows(0, 8, 0.05, 0.30, 0.92)
+        + _rows(1, 8, 0.20, 0.40, 0.70)
+    )
     cfg = fig11.Config(batch_sizes=(8,), sync_every=(1, 8), iters=40, seeds=(0, 1))
     final = fig11._final(fig11._selected(df, cfg), cfg)
     assert final.loc[(8, 8, 1), "acc"] == 0.70  # the last evaluation, not the earlier ones

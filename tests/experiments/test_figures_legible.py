@@ -2,6 +2,7 @@
 point its axes draw, no opaque band or bar is drawn over the points, no two tick labels of an axis overlap, every
 title is its own, no text says nan, and no caption runs past three lines. The timeline, which the reference run
 does not hold, is drawn from a made-up iteration."""
+
 import contextlib
 import io
 import json
@@ -17,8 +18,9 @@ from matplotlib.colors import to_rgba
 from matplotlib.lines import Line2D
 from matplotlib.text import Text
 
-from experiments import legible, plotting, registry, timeline
+from experiments import legible, plotting, registry
 from experiments.figures import fig02_allreduce_granularity as fig2
+from experiments.tools import timeline
 from harness import load_results
 
 REFERENCE = Path(__file__).resolve().parents[2] / "results" / "reference"
@@ -30,10 +32,27 @@ def _timeline_figure():
     for rank in (0, 1):
         ready = [40.0 + 12 * b + rank for b in range(6)]
         launch = [r + 1.5 for r in ready]
-        times = dict(forward_end_ms=30.0, backward_start_ms=31.0, backward_end_ms=105.0 + rank, ready_ms=ready,
-                     launch_ms=launch, done_ms=[x + 9.0 for x in launch])
-        rows.append(dict(rank=rank, iteration=3, total_ms=120.0 + rank, bucket_times_json=json.dumps(times),
-                         error="", device_name="cpu", world_size=2, profile="cpu", net="loopback"))
+        times = dict(
+            forward_end_ms=30.0,
+            backward_start_ms=31.0,
+            backward_end_ms=105.0 + rank,
+            ready_ms=ready,
+            launch_ms=launch,
+            done_ms=[x + 9.0 for x in launch],
+        )
+        rows.append(
+            dict(
+                rank=rank,
+                iteration=3,
+                total_ms=120.0 + rank,
+                bucket_times_json=json.dumps(times),
+                error="",
+                device_name="cpu",
+                world_size=2,
+                profile="cpu",
+                net="loopback",
+            )
+        )
     return timeline.plot(pd.DataFrame(rows), timeline.Config(model="resnet50", bucket_cap_mb=5.0))
 
 
@@ -79,13 +98,34 @@ def _points(ax) -> np.ndarray:
     points = np.vstack(parts)
     points = points[np.isfinite(points).all(axis=1)]
     frame = ax.get_window_extent()
-    return points[(points[:, 0] >= frame.x0) & (points[:, 0] <= frame.x1) & (points[:, 1] >= frame.y0)
-                  & (points[:, 1] <= frame.y1)]
+    return points[
+        (points[:, 0] >= frame.x0)
+        & (points[:, 0] <= frame.x1)
+        & (points[:, 1] >= frame.y0)
+        & (points[:, 1] <= frame.y1)
+    ]
 
 
 def test_every_figure_is_drawn(figures):
-    expected = {"fig2", "fig6", "fig7", "fig7-hosts1", "fig7-hosts2", "fig8", "fig9", "fig9-hosts1", "fig9-hosts2",
-                "fig10", "fig11", "fig12", "zero", "tune", "simval", "timeline", "claims"}
+    expected = {
+        "fig2",
+        "fig6",
+        "fig7",
+        "fig7-hosts1",
+        "fig7-hosts2",
+        "fig8",
+        "fig9",
+        "fig9-hosts1",
+        "fig9-hosts2",
+        "fig10",
+        "fig11",
+        "fig12",
+        "zero",
+        "tune",
+        "simval",
+        "timeline",
+        "claims",
+    }
     assert expected <= set(figures), expected - set(figures)
 
 
@@ -98,8 +138,9 @@ def test_no_legend_covers_a_point_of_its_axes(figures):
                 continue
             box = legend.get_window_extent()
             points = _points(ax)
-            inside = ((points[:, 0] > box.x0) & (points[:, 0] < box.x1) & (points[:, 1] > box.y0)
-                      & (points[:, 1] < box.y1))
+            inside = (
+                (points[:, 0] > box.x0) & (points[:, 0] < box.x1) & (points[:, 1] > box.y0) & (points[:, 1] < box.y1)
+            )
             if inside.any():
                 covering.append(f"{name}: {ax.get_title() or ax.get_ylabel()!r} ({inside.sum()} points)")
     assert not covering, covering
@@ -118,10 +159,18 @@ def test_no_opaque_band_or_bar_is_drawn_over_points(figures):
         for ax in fig.axes:
             children = [a for a in ax.get_children() if a in ax.lines or a in ax.collections or a in ax.patches]
             order = sorted(children, key=lambda a: a.get_zorder())  # matplotlib's own: stable by zorder
-            points = [i for i, a in enumerate(order) if isinstance(a, PathCollection)
-                      or isinstance(a, Line2D) and a.get_marker() not in (None, "None", "", " ")]
-            filled = [i for i, a in enumerate(order) if not isinstance(a, (Line2D, PathCollection, LineCollection))
-                      and a.get_visible() and _opaque(a)]
+            points = [
+                i
+                for i, a in enumerate(order)
+                if isinstance(a, PathCollection)
+                or isinstance(a, Line2D)
+                and a.get_marker() not in (None, "None", "", " ")
+            ]
+            filled = [
+                i
+                for i, a in enumerate(order)
+                if not isinstance(a, (Line2D, PathCollection, LineCollection)) and a.get_visible() and _opaque(a)
+            ]
             if points and filled and max(filled) > min(points):
                 over.append(f"{name}: {ax.get_title() or ax.get_ylabel()!r}")
     assert not over, over
@@ -150,10 +199,14 @@ def test_titles_are_distinct_and_carry_no_internal_tags(figures):
 
 def test_no_text_says_nan(rendered):
     figures, printed = rendered
-    said = [(name, t.get_text()) for name, fig in figures.items() for t in fig.findobj(Text)
-            if re.search(r"\bnan\b", t.get_text(), re.IGNORECASE)]
+    said = [
+        (name, t.get_text())
+        for name, fig in figures.items()
+        for t in fig.findobj(Text)
+        if re.search(r"\bnan\b", t.get_text(), re.IGNORECASE)
+    ]
     assert not said, said
-    table = printed[printed.index("[claims] reading"):]  # the claims chart's table, where the paper has no number
+    table = printed[printed.index("[claims] reading") :]  # the claims chart's table, where the paper has no number
     assert not re.search(r"\bnan\b", table, re.IGNORECASE), table
 
 

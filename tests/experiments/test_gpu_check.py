@@ -1,20 +1,27 @@
 """`make gpu-check` on a machine without CUDA: one line and exit 0; its steps rehearsed on CPU Gloo ranks."""
+
 import os
 import subprocess
 import sys
 
 import pytest
 
-from experiments import gpu_check
-from experiments.gpu_check import GpuCheckConfig
+from experiments.tools import gpu_check
+from experiments.tools.gpu_check import GpuCheckConfig
 
 
 def test_without_cuda_it_says_so_in_one_line_and_exits_0():
-    proc = subprocess.run([sys.executable, "-m", "experiments.gpu_check"], capture_output=True, text=True,
-                          env=dict(os.environ, CUDA_VISIBLE_DEVICES=""), timeout=120)
+    proc = subprocess.run(
+        [sys.executable, "-m", "experiments.tools.gpu_check"],
+        capture_output=True,
+        text=True,
+        env=dict(os.environ, CUDA_VISIBLE_DEVICES=""),
+        timeout=120,
+    )
     assert proc.returncode == 0 and proc.stdout == ""
     assert proc.stderr.strip().splitlines() == [
-        "python -m experiments.gpu_check: no CUDA GPU here (torch.cuda.is_available() is False): nothing to check"]
+        "python -m experiments gpu-check: no CUDA GPU here (torch.cuda.is_available() is False): nothing to check"
+    ]
 
 
 def test_plan_uses_nccl_over_every_gpu_and_gloo_sharing_a_single_one(monkeypatch):
@@ -29,8 +36,9 @@ def test_plan_uses_nccl_over_every_gpu_and_gloo_sharing_a_single_one(monkeypatch
 
 @pytest.mark.timeout(600)
 def test_every_step_runs_and_lands_in_the_summary_on_cpu(tmp_path):
-    cfg = GpuCheckConfig(device="cpu", models=("small",), bucket_caps_mb=(25.0,), bench_iters=2, fig7_iters=1,
-                         out=str(tmp_path))
+    cfg = GpuCheckConfig(
+        device="cpu", models=("small",), bucket_caps_mb=(25.0,), bench_iters=2, fig7_iters=1, out=str(tmp_path)
+    )
     assert gpu_check.run(cfg) == 0
     text = (tmp_path / "summary.md").read_text()
     assert text.startswith("# gpu-check: CPU (a rehearsal: not a GPU result)")

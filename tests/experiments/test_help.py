@@ -1,6 +1,7 @@
 """Help that explains: every option of every command says what it is beside its default (a Config field's comment,
 read from its source), ``predict`` lists only what a prediction reads, and every file the code cites is in the
 repository. In this process: each command's parser is caught as ``--help`` prints it."""
+
 import argparse
 import contextlib
 import dataclasses
@@ -10,18 +11,17 @@ from pathlib import Path
 
 import pytest
 
-from experiments import bench, gpu_check, hostval, paper_scale, registry, simval, timeline, tune
-from experiments import predict as predict_cli
-from experiments.__main__ import main
+from experiments import registry
+from experiments.__main__ import TOOLS, main
+from experiments.tools import predict as predict_cli
 from harness import __main__ as harness_cli
-from harness.config import POINT_TYPES, OneLineParser, field_comments
+from harness.cli import OneLineParser, field_comments
+from harness.config import POINT_TYPES
 
 REPO = Path(__file__).resolve().parents[2]
 COMMANDS = {  # what a user types after `python -m`: how this process runs it
     **{f"experiments {name}": (main, [name]) for name in registry.drivers()},
-    **{f"experiments {name}": (main, [name]) for name in ("predict", "plots", "report", "claims")},
-    **{f"experiments.{m.__name__.rsplit('.', 1)[1]}": (m.main, [])
-       for m in (bench, tune, simval, hostval, timeline, gpu_check, paper_scale)},
+    **{f"experiments {name}": (main, [name]) for name in ("plots", "report", "claims", *TOOLS)},
     **{f"harness {kind}": (harness_cli.main, [kind]) for kind in harness_cli.KINDS},
 }
 DEFAULT = re.compile(r"\(default: [^)]*\)|\(required\)")
@@ -83,16 +83,23 @@ def cited(path: Path) -> list[tuple[int, str]]:
     for number, line in enumerate(path.read_text().splitlines(), 1):
         for m in CITED.finditer(line):
             name = m.group().lstrip("/")
-            if name not in WRITTEN and not OTHER_REPOSITORY.search(line[:m.start()].rstrip()):
+            if name not in WRITTEN and not OTHER_REPOSITORY.search(line[: m.start()].rstrip()):
                 out.append((number, name))
     return out
 
 
 def test_every_markdown_file_the_code_cites_is_in_the_repository():
-    sources = [p for d in ("experiments", "simulator", "harness") for ext in ("py", "json")
-               for p in sorted((REPO / d).rglob(f"*.{ext}"))]
+    sources = [
+        p
+        for d in ("experiments", "simulator", "harness")
+        for ext in ("py", "json")
+        for p in sorted((REPO / d).rglob(f"*.{ext}"))
+    ]
     assert any(name == "BENCHMARKS.md" for p in sources for _, name in cited(p))  # the scan finds citations
-    missing = [f"{p.relative_to(REPO)}:{line}: {name}" for p in sources for line, name in cited(p)
-               if not any((base / name).resolve().is_relative_to(REPO) and (base / name).exists()
-                          for base in (REPO, p.parent))]
+    missing = [
+        f"{p.relative_to(REPO)}:{line}: {name}"
+        for p in sources
+        for line, name in cited(p)
+        if not any((base / name).resolve().is_relative_to(REPO) and (base / name).exists() for base in (REPO, p.parent))
+    ]
     assert not missing, "cited but not in the repository:\n" + "\n".join(missing)

@@ -1,9 +1,10 @@
 """make hostval: a repeat probes, measures no DDP and DDP at each cap interleaved, and sets each cap's prediction
 (compute from the interleaved iterations) beside its measurement."""
+
 import pandas as pd
 import pytest
 
-from experiments import hostval
+from experiments.tools import hostval
 
 
 def test_a_repeat_predicts_each_cap_from_the_compute_measured_beside_it(tmp_path, monkeypatch):
@@ -24,13 +25,24 @@ def test_a_repeat_predicts_each_cap_from_the_compute_measured_beside_it(tmp_path
     for _, one in table.groupby("world_size"):
         assert one["compute_ms"].nunique() == 1 and one["predicted_ms"].iloc[0] != one["predicted_ms"].iloc[1]
     assert sorted(p.name for p in (tmp_path / "hostval" / "calibrations").iterdir()) == [
-        f"w{ws}-r0-{name}.json" for ws in (1, 2) for name in ("beside", "probe")]
+        f"w{ws}-r0-{name}.json" for ws in (1, 2) for name in ("beside", "probe")
+    ]
 
 
 def test_the_summary_judges_the_median_of_each_repeats_own_error():
-    rows = [dict(repeat=i, world_size=2, bucket_cap_mb=1.0, buckets=1, predicted_ms=p, measured_ms=m,
-                 error_pct=(p / m - 1) * 100, end_to_end_ms=e)
-            for i, (p, m, e) in enumerate([(100, 90, 90), (110, 104, 104), (40, 50, 60)])]
+    rows = [
+        dict(
+            repeat=i,
+            world_size=2,
+            bucket_cap_mb=1.0,
+            buckets=1,
+            predicted_ms=p,
+            measured_ms=m,
+            error_pct=(p / m - 1) * 100,
+            end_to_end_ms=e,
+        )
+        for i, (p, m, e) in enumerate([(100, 90, 90), (110, 104, 104), (40, 50, 60)])
+    ]
     out = hostval.summary(pd.DataFrame(rows)).iloc[0]
     # the repeats' errors +11.1%, +5.8%, -20%: their median +5.8% misses the goal
     assert out.repeats == 3 and out.error_pct == pytest.approx(600 / 104) and not out.within_goal

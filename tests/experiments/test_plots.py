@@ -1,6 +1,8 @@
 """``python -m experiments plots`` redraws every figure whose results are stored (the drivers', their variants
 stored beside them, the tools' and claims), skips the rest with a note, writes where it is told, and writes the same
-bytes for the same results; each figure reads ``results/`` where it holds that figure's results and the reference run where not."""
+bytes for the same results; each figure reads ``results/`` where it holds that figure's results and the reference
+run where not."""
+
 import shutil
 from pathlib import Path
 
@@ -44,7 +46,8 @@ def test_plots_redraws_every_stored_figure_and_says_which_it_skips(stored, tmp_p
     assert last.startswith(f"[plots] redrew 4 figure(s) into {out}; nothing stored for fig2, ")
     assert "timeline, claims (skipped)" in last and "fig7-hosts" not in last
     cfg = registry.variants(registry.drivers()["fig7"], stored)["fig7-hosts2"].args[1](
-        results.load_results("fig7_hosts", stored))
+        results.load_results("fig7_hosts", stored)
+    )
     assert (cfg.hosts, cfg.world_size, cfg.models, cfg.bucket_caps_mb) == (2, 4, ("resnet50",), (0, 5, 1000))
 
 
@@ -65,8 +68,7 @@ def test_plots_refuses_a_figure_it_does_not_know(stored, monkeypatch, capsys):
     assert "unknown figure 'fig7-host2'" in err and "did you mean fig7-hosts2?" in err, err
 
 
-def test_each_figure_reads_your_results_where_you_have_some_and_the_reference_where_not(tmp_path, monkeypatch,
-                                                                                       capsys):
+def test_each_figure_reads_your_results_where_you_have_some_and_the_reference_where_not(tmp_path, monkeypatch, capsys):
     monkeypatch.delenv("DDP_REPRO_RESULTS", raising=False)
     monkeypatch.setattr(results, "REPO_ROOT", tmp_path)
     monkeypatch.setattr(registry, "REPO_ROOT", tmp_path)

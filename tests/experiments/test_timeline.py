@@ -1,8 +1,9 @@
 """The per-bucket timeline: traced stamps are ordered as the algorithm orders them, and the figure and the Chrome
 trace are written from the stored point."""
+
 import json
 
-from experiments import timeline
+from experiments.tools import timeline
 from harness import load_results
 
 
@@ -23,4 +24,3 @@ def test_timeline_traces_ready_launch_and_true_completion(tmp_path, monkeypatch)
     assert {e["pid"] for e in spans} == {0, 1} and {e["tid"] for e in spans} == {"compute", "comm"}
     assert all(e["dur"] >= 0 for e in spans) and any(e["name"].endswith("allreduce") for e in spans)
     assert (tmp_path / "figures" / "timeline.png").stat().st_size > 0
-

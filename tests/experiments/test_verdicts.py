@@ -1,4 +1,5 @@
 """Verdicts from interleaved tasks: ratios paired within a task, or through the anchor two tasks share."""
+
 from pathlib import Path
 
 import numpy as np
@@ -39,14 +40,18 @@ def test_an_option_whose_interval_straddles_the_margin_is_not_resolved():
 
 def _per_repeat(ratios: dict) -> pd.Series:
     """Latency per (cap, repeat, task), one task per repetition, from each cap's latency per repetition."""
-    return pd.DataFrame([dict(cap=c, repeat=r, task=f"t{r}", ms=100 * x) for c, xs in ratios.items()
-                         for r, x in enumerate(xs)]).set_index(["cap", "repeat", "task"])["ms"]
+    return pd.DataFrame(
+        [dict(cap=c, repeat=r, task=f"t{r}", ms=100 * x) for c, xs in ratios.items() for r, x in enumerate(xs)]
+    ).set_index(["cap", "repeat", "task"])["ms"]
 
 
 def _beaten_in_its_own_comparison(per_task, option) -> list:
     """The options whose median paired ratio to ``option`` is below 1: each says it is faster than ``option``."""
-    return [o for o in per_task.index.unique(level=0)
-            if o != option and np.median(verdicts.paired_ratios(per_task, o, option)) < 1]
+    return [
+        o
+        for o in per_task.index.unique(level=0)
+        if o != option and np.median(verdicts.paired_ratios(per_task, o, option)) < 1
+    ]
 
 
 def test_the_best_is_never_beaten_in_its_own_paired_comparison_and_a_cycle_has_no_best():
@@ -103,9 +108,25 @@ def test_fig9_efficiency_and_ddp_over_no_ddp_are_taken_repetition_by_repetition(
 
     drift = {0: 1.0, 1: 1.5, 2: 0.8}  # a whole repetition runs slower or faster
     ms = {("ours", 1): 400, ("local", 1): 380, ("ours", 2): 500, ("local", 2): 400}
-    rows = [dict(model="resnet50", backend="gloo", impl=impl, world_size=n, repeat=r, bucket_cap_mb=25,
-                 point_id=f"{impl}{n}{r}", group="", error="", net="loopback", hosts=1, rank=0, total_ms=v * d)
-            for (impl, n), v in ms.items() for r, d in drift.items()]
+    rows = [
+        dict(
+            model="resnet50",
+            backend="gloo",
+            impl=impl,
+            world_size=n,
+            repeat=r,
+            bucket_cap_mb=25,
+            point_id=f"{impl}{n}{r}",
+            group="",
+            error="",
+            net="loopback",
+            hosts=1,
+            rank=0,
+            total_ms=v * d,
+        )
+        for (impl, n), v in ms.items()
+        for r, d in drift.items()
+    ]
     cfg = fig9.Config(models=("resnet50",), world_sizes=(1, 2), net="loopback")
     per_n = fig9._scaling(pd.DataFrame(rows), cfg)["resnet50", "gloo"]
     latency, efficiency, local, over = per_n[2]
@@ -118,9 +139,11 @@ def test_fig9_efficiency_and_ddp_over_no_ddp_are_taken_repetition_by_repetition(
 
 
 def test_zero_memory_check_counts_and_names_the_points_outside_the_tolerance():
-    from experiments.zero import memory_check
-    t = pd.DataFrame(dict(impl=["torch", "fsdp", "deepspeed3"], world_size=[2, 2, 4],
-                          categories_vs_measured_pct=[-0.5, 9.9, -12.3]))
+    from experiments.figures.zero import memory_check
+
+    t = pd.DataFrame(
+        dict(impl=["torch", "fsdp", "deepspeed3"], world_size=[2, 2, 4], categories_vs_measured_pct=[-0.5, 9.9, -12.3])
+    )
     line = memory_check(t)
     assert "within 10% at 2 of 3 points" in line and "worst deepspeed3 N=4 -12.3%" in line
     assert line.endswith("outside: deepspeed3 N=4 -12%")

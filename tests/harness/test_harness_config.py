@@ -1,12 +1,14 @@
 """Validation before launch, stable point ids, profile resolution and the dataclass command-line helper."""
+
 import dataclasses
 
 import pytest
 
 import harness.config as config
 import harness.sweep as sweep
-from harness import env
-from harness.config import AllreduceConfig, TrainConfig, parse_dataclass, point_id, validate
+from harness.cli import field_comments, parse_dataclass
+from harness.config import AllreduceConfig, TrainConfig, point_id, validate
+from harness.launch import env
 
 
 @pytest.fixture
@@ -17,25 +19,28 @@ def no_launch(monkeypatch):
     monkeypatch.setattr(sweep._Pools, "get_for", refuse)
 
 
-@pytest.mark.parametrize("cfg, message", [
-    (TrainConfig(model="vgg"), "model 'vgg'"),
-    (TrainConfig(profile="tpu"), "profile 'tpu'"),
-    (TrainConfig(impl="horovod"), "impl 'horovod'"),
-    (TrainConfig(iters=0), "iters must be a positive finite number, got 0"),
-    (TrainConfig(warmup=-1), "warmup must be a finite number >= 0, got -1"),
-    (TrainConfig(bucket_cap_mb=-1.0), "bucket_cap_mb must be a finite number >= 0, got -1.0"),
-    (TrainConfig(sync_every=0), "sync_every must be a positive finite number, got 0"),
-    (TrainConfig(world_size=0), "world_size must be a positive finite number, got 0"),
-    (TrainConfig(impl="torch", overlap=False), "overlap=False"),
-    (TrainConfig(impl="torch", round_robin_groups=3), "round_robin_groups=3"),
-    (TrainConfig(comm_hook="powersgd"), "comm_hook 'powersgd'"),
-    (TrainConfig(fault="explode"), "fault 'explode'"),
-    (TrainConfig(malloc="jemalloc"), "malloc 'jemalloc'"),
-    (TrainConfig(memory=True, malloc="retain"), "malloc='retain' prevents"),
-    (AllreduceConfig(iters=-2), "iters must be a positive finite number, got -2"),
-    (AllreduceConfig(params_per_call=0), "params_per_call must be a positive finite number, got 0"),
-    (AllreduceConfig(total_params=10, params_per_call=100), "params_per_call=100 exceeds total_params=10"),
-])
+@pytest.mark.parametrize(
+    "cfg, message",
+    [
+        (TrainConfig(model="vgg"), "model 'vgg'"),
+        (TrainConfig(profile="tpu"), "profile 'tpu'"),
+        (TrainConfig(impl="horovod"), "impl 'horovod'"),
+        (TrainConfig(iters=0), "iters must be a positive finite number, got 0"),
+        (TrainConfig(warmup=-1), "warmup must be a finite number >= 0, got -1"),
+        (TrainConfig(bucket_cap_mb=-1.0), "bucket_cap_mb must be a finite number >= 0, got -1.0"),
+        (TrainConfig(sync_every=0), "sync_every must be a positive finite number, got 0"),
+        (TrainConfig(world_size=0), "world_size must be a positive finite number, got 0"),
+        (TrainConfig(impl="torch", overlap=False), "overlap=False"),
+        (TrainConfig(impl="torch", round_robin_groups=3), "round_robin_groups=3"),
+        (TrainConfig(comm_hook="powersgd"), "comm_hook 'powersgd'"),
+        (TrainConfig(fault="explode"), "fault 'explode'"),
+        (TrainConfig(malloc="jemalloc"), "malloc 'jemalloc'"),
+        (TrainConfig(memory=True, malloc="retain"), "malloc='retain' prevents"),
+        (AllreduceConfig(iters=-2), "iters must be a positive finite number, got -2"),
+        (AllreduceConfig(params_per_call=0), "params_per_call must be a positive finite number, got 0"),
+        (AllreduceConfig(total_params=10, params_per_call=100), "params_per_call=100 exceeds total_params=10"),
+    ],
+)
 def test_bad_values_raise_before_anything_is_launched(no_launch, tmp_path, cfg, message):
     good = TrainConfig(world_size=1)
     with pytest.raises(ValueError, match=message.replace("(", r"\(").replace(")", r"\)")):
@@ -55,8 +60,9 @@ def test_more_nccl_ranks_than_gpus_is_refused(no_launch, monkeypatch, tmp_path):
     monkeypatch.setattr(env, "cuda_available", lambda: True)
     monkeypatch.setattr(torch.cuda, "device_count", lambda: 2)
     with pytest.raises(ValueError, match="world_size=3 .* only 2 GPU"):
-        sweep.run_sweep("bad", [AllreduceConfig(backend="nccl", world_size=3, total_params=10,
-                                                params_per_call=5)], root=tmp_path)
+        sweep.run_sweep(
+            "bad", [AllreduceConfig(backend="nccl", world_size=3, total_params=10, params_per_call=5)], root=tmp_path
+        )
 
 
 def test_an_allocator_setting_under_torchrun_must_already_be_exported(monkeypatch):
@@ -67,7 +73,7 @@ def test_an_allocator_setting_under_torchrun_must_already_be_exported(monkeypatc
     with pytest.raises(ValueError, match="malloc='retain' under torchrun/SLURM: export MALLOC_MMAP_MAX_=0"):
         preflight([TrainConfig(world_size=1, backend="gloo", net="loopback", malloc="retain")])
     monkeypatch.setenv("MALLOC_MMAP_MAX_", "0")
-    monkeypatch.setenv("MALLOC_TRIM_THRESHOLD_", str(2 ** 62))
+    monkeypatch.setenv("MALLOC_TRIM_THRESHOLD_", str(2**62))
     preflight([TrainConfig(world_size=1, backend="gloo", net="loopback", malloc="retain")])
 
 
@@ -103,8 +109,9 @@ class _DriverConfig:
 
 
 def test_dataclass_cli_overrides():
-    cfg = parse_dataclass(TrainConfig, ["--model=bert-base", "--overlap=false", "--bucket_cap_mb=5",
-                                        "--world_size", "3"])
+    cfg = parse_dataclass(
+        TrainConfig, ["--model=bert-base", "--overlap=false", "--bucket_cap_mb=5", "--world_size", "3"]
+    )
     assert cfg == TrainConfig(model="bert-base", overlap=False, bucket_cap_mb=5.0, world_size=3)
     assert parse_dataclass(TrainConfig, []) == TrainConfig()
     drv = parse_dataclass(_DriverConfig, ["--bucket_caps_mb=0,5,100", "--models=small,bert-base", "--quick=1"])
@@ -139,8 +146,10 @@ class _Redeclared(_Described):
 
 
 def test_help_takes_each_fields_comment_and_its_default(capsys):
-    assert config.field_comments(_Redeclared) == {"caps_mb": "caps of the subclass",
-                                                  "world_size": "what the line below is, over two lines"}
+    assert field_comments(_Redeclared) == {
+        "caps_mb": "caps of the subclass",
+        "world_size": "what the line below is, over two lines",
+    }
     with pytest.raises(SystemExit):
         parse_dataclass(_Redeclared, ["--help"], prog="prog")
     out = " ".join(capsys.readouterr().out.split())

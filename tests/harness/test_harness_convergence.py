@@ -1,4 +1,5 @@
 """Figure 11's convergence points: real data, per-rank shards, validation before spawn, and a real 2-rank run."""
+
 import math
 import pickle
 
@@ -8,8 +9,8 @@ import torch
 
 import harness.sweep as sweep
 from harness import ConvergenceConfig, TrainConfig, point_id, validate
-from harness.convergence import build_convergence_model
-from harness.data import CIFAR_FOLDER, batch_indices, load_dataset, shard_indices
+from harness.workloads.convergence import build_convergence_model
+from harness.workloads.data import CIFAR_FOLDER, batch_indices, load_dataset, shard_indices
 
 
 @pytest.fixture(scope="module")
@@ -48,7 +49,7 @@ def test_batches_walk_the_shards_epoch_after_epoch():
     assert all(len(idx) == bs for idx, _ in batches)
     flat = torch.cat([idx for idx, _ in batches]).tolist()
     expected = torch.cat([shard_indices(n, ws, 1, e, seed=7) for e in range(4)]).tolist()
-    assert flat == expected[:len(flat)]
+    assert flat == expected[: len(flat)]
     assert [round(e, 2) for _, e in batches[:4]] == [0.0, 0.32, 0.64, 0.96]
 
 
@@ -58,11 +59,15 @@ def _fake_cifar(root, n_train=20, n_test=10):
     folder.mkdir()
     rng = np.random.default_rng(0)
     for i in range(1, 6):
-        batch = {"data": rng.integers(0, 256, (n_train // 5, 3072), dtype=np.uint8),
-                 "labels": rng.integers(0, 10, n_train // 5).tolist()}
+        batch = {
+            "data": rng.integers(0, 256, (n_train // 5, 3072), dtype=np.uint8),
+            "labels": rng.integers(0, 10, n_train // 5).tolist(),
+        }
         (folder / f"data_batch_{i}").write_bytes(pickle.dumps(batch))
-    test = {"data": rng.integers(0, 256, (n_test, 3072), dtype=np.uint8),
-            "labels": rng.integers(0, 10, n_test).tolist()}
+    test = {
+        "data": rng.integers(0, 256, (n_test, 3072), dtype=np.uint8),
+        "labels": rng.integers(0, 10, n_test).tolist(),
+    }
     (folder / "test_batch").write_bytes(pickle.dumps(test))
     (folder / "batches.meta").write_bytes(pickle.dumps({"label_names": [str(i) for i in range(10)]}))
 
@@ -88,18 +93,21 @@ def no_launch(monkeypatch):
     monkeypatch.setattr(sweep._Pools, "get_for", refuse)
 
 
-@pytest.mark.parametrize("kw, message", [
-    (dict(dataset="mnist"), "unknown dataset 'mnist'"),
-    (dict(dataset="cifar10"), "needs data_dir"),
-    (dict(dataset="cifar10", data_dir="/nonexistent/cifar"), "CIFAR-10 not found: /nonexistent/cifar/"),
-    (dict(iters=0), "iters must be a positive finite number, got 0"),
-    (dict(sync_every=0), "sync_every must be a positive finite number, got 0"),
-    (dict(batch_size=0), "batch_size must be a positive finite number, got 0"),
-    (dict(eval_every=0), "eval_every must be a positive finite number, got 0"),
-    (dict(lr=0.0), "lr must be a positive finite number"),
-    (dict(momentum=1.0), "momentum must be in"),
-    (dict(test_fraction=1.0), "test_fraction must be in"),
-])
+@pytest.mark.parametrize(
+    "kw, message",
+    [
+        (dict(dataset="mnist"), "unknown dataset 'mnist'"),
+        (dict(dataset="cifar10"), "needs data_dir"),
+        (dict(dataset="cifar10", data_dir="/nonexistent/cifar"), "CIFAR-10 not found: /nonexistent/cifar/"),
+        (dict(iters=0), "iters must be a positive finite number, got 0"),
+        (dict(sync_every=0), "sync_every must be a positive finite number, got 0"),
+        (dict(batch_size=0), "batch_size must be a positive finite number, got 0"),
+        (dict(eval_every=0), "eval_every must be a positive finite number, got 0"),
+        (dict(lr=0.0), "lr must be a positive finite number"),
+        (dict(momentum=1.0), "momentum must be in"),
+        (dict(test_fraction=1.0), "test_fraction must be in"),
+    ],
+)
 def test_bad_convergence_configs_raise_before_spawning(no_launch, tmp_path, kw, message):
     with pytest.raises(ValueError, match=message):
         sweep.run_sweep("bad", [ConvergenceConfig(), ConvergenceConfig(**kw)], root=tmp_path)
@@ -110,13 +118,24 @@ def test_point_ids_cover_the_convergence_settings():
     base = ConvergenceConfig()
     assert validate(base).backend in ("gloo", "nccl")
     assert point_id(base) == point_id(ConvergenceConfig(timeout_s=5))
-    assert len({point_id(base), point_id(ConvergenceConfig(sync_every=8)), point_id(ConvergenceConfig(batch_size=256)),
-                point_id(ConvergenceConfig(lr=0.1)), point_id(TrainConfig())}) == 5
+    assert (
+        len(
+            {
+                point_id(base),
+                point_id(ConvergenceConfig(sync_every=8)),
+                point_id(ConvergenceConfig(batch_size=256)),
+                point_id(ConvergenceConfig(lr=0.1)),
+                point_id(TrainConfig()),
+            }
+        )
+        == 5
+    )
 
 
 def test_two_rank_run_learns_digits_with_skipped_sync():
-    cfg = ConvergenceConfig(batch_size=32, sync_every=2, iters=120, lr=0.05, eval_every=40, threads_per_rank=1,
-                            timeout_s=60)
+    cfg = ConvergenceConfig(
+        batch_size=32, sync_every=2, iters=120, lr=0.05, eval_every=40, threads_per_rank=1, timeout_s=60
+    )
     rows = sweep.run_point(cfg)
     assert len(rows) == 2 * 120 and {r["point_type"] for r in rows} == {"ConvergenceConfig"}
     by_rank = {rank: [r for r in rows if r["rank"] == rank] for rank in (0, 1)}

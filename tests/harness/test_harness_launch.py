@@ -1,5 +1,6 @@
 """The launcher: world sizes 1-3, failing/dead/hung ranks end the launch with an error, in-place mode, and how
 every rank ends (its groups destroyed, their Gloo threads joined, before the interpreter finalizes)."""
+
 import multiprocessing
 import os
 import re
@@ -13,11 +14,12 @@ import pytest
 import torch
 import torch.distributed as dist
 
-from harness.allocator import MALLOC_ENV
-from harness.env import available_cores
-from harness.faults import inject_fault
-from harness.groups import end_rank
-from harness.launch import LaunchError, RankPool, find_free_port, launch, root_cause
+from harness.launch.allocator import MALLOC_ENV
+from harness.launch.env import available_cores
+from harness.launch.failures import root_cause
+from harness.launch.faults import inject_fault
+from harness.launch.groups import end_rank
+from harness.launch.spawn import LaunchError, RankPool, find_free_port, launch
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -26,8 +28,14 @@ def _sum_ranks(ctx, fault=""):
     inject_fault(fault, ctx.rank)
     t = torch.tensor([float(ctx.rank + 1)])
     dist.all_reduce(t)
-    return {"rank": ctx.rank, "sum": t.item(), "threads": torch.get_num_threads(),
-            "ctx_threads": ctx.num_threads, "world": dist.get_world_size(), "backend": dist.get_backend()}
+    return {
+        "rank": ctx.rank,
+        "sum": t.item(),
+        "threads": torch.get_num_threads(),
+        "ctx_threads": ctx.num_threads,
+        "world": dist.get_world_size(),
+        "backend": dist.get_backend(),
+    }
 
 
 @pytest.mark.parametrize("world_size", [1, 2, 3])
@@ -41,8 +49,9 @@ def test_launch_runs_every_rank(world_size):
         assert r["threads"] == r["ctx_threads"] == expected_threads
 
 
-@pytest.mark.parametrize("fault, cause", [("raise@1", "RuntimeError: injected fault on rank 1"),
-                                          ("exit@1", "exited with code 3")])
+@pytest.mark.parametrize(
+    "fault, cause", [("raise@1", "RuntimeError: injected fault on rank 1"), ("exit@1", "exited with code 3")]
+)
 def test_failing_or_dead_rank_fails_the_launch_naming_it_as_the_cause(fault, cause):
     """The failed rank is the cause even when its peer reports first what it saw of it (a connection reset)."""
     start = time.monotonic()
@@ -133,10 +142,10 @@ def test_a_rank_ends_with_its_groups_destroyed_and_their_threads_joined():
 
 # `python -m harness` with an exit hook registered before the harness runs, so it runs after the harness's own: the
 # Gloo threads left as the interpreter goes on to finalize (one that then takes the GIL aborts the process; see
-# harness.groups.end_rank). Both ranks share torchrun's stdout: one os.write per line keeps their lines whole.
+# harness.launch.groups.end_rank). Both ranks share torchrun's stdout: one os.write per line keeps their lines whole.
 EXIT_PROBE = """
 import atexit, os, runpy
-from harness.groups import gloo_threads
+from harness.launch.groups import gloo_threads
 atexit.register(lambda: os.write(1, f"rank {os.environ['RANK']} Gloo threads at exit: {gloo_threads()}\\n".encode()))
 runpy.run_module("harness", run_name="__main__", alter_sys=True)
 """
@@ -145,9 +154,23 @@ runpy.run_module("harness", run_name="__main__", alter_sys=True)
 def test_same_code_runs_under_torchrun_and_its_ranks_end_their_groups(tmp_path):
     torchrun = Path(sys.executable).with_name("torchrun")
     (tmp_path / "probe.py").write_text(EXIT_PROBE)
-    cmd = [str(torchrun), "--nproc_per_node=2", "--master_port", str(find_free_port()), str(tmp_path / "probe.py"),
-           "train", "--model=small", "--impl=torch", "--world_size=2", "--iters=2", "--warmup=1",
-           "--threads_per_rank=1", "--timeout_s=60", f"--root={tmp_path}", "--experiment=torchrun"]
+    cmd = [
+        str(torchrun),
+        "--nproc_per_node=2",
+        "--master_port",
+        str(find_free_port()),
+        str(tmp_path / "probe.py"),
+        "train",
+        "--model=small",
+        "--impl=torch",
+        "--world_size=2",
+        "--iters=2",
+        "--warmup=1",
+        "--threads_per_rank=1",
+        "--timeout_s=60",
+        f"--root={tmp_path}",
+        "--experiment=torchrun",
+    ]
     env = {**os.environ, "PYTHONPATH": str(REPO), "OMP_NUM_THREADS": "1"}
     proc = subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True, timeout=150)
     assert proc.returncode == 0, proc.stderr[-3000:]
@@ -164,17 +187,17 @@ def _refaults(ctx):
     """Pages faulted in over the last 6 of 10 cycles of allocating and filling a 256 MiB tensor, each freed
     before the next (the heap grows in the first cycles)."""
     for _ in range(4):
-        torch.ones(64 * 2 ** 20).sum()
+        torch.ones(64 * 2**20).sum()
     before = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
     for _ in range(6):
-        torch.ones(64 * 2 ** 20).sum()
+        torch.ones(64 * 2**20).sum()
     return resource.getrusage(resource.RUSAGE_SELF).ru_minflt - before
 
 
 def test_malloc_retain_keeps_freed_memory_in_the_process():
     """What malloc="retain" claims: with glibc's defaults a big block's pages are faulted in again on every reuse
     (6 blocks' worth); kept, they are reused (the heap may still grow once or twice while it fragments)."""
-    block = 256 * 2 ** 20 // 4096
+    block = 256 * 2**20 // 4096
     default = launch(_refaults, 2, "gloo", timeout_s=60, threads=1)
     retain = launch(_refaults, 2, "gloo", timeout_s=60, threads=1, rank_env=MALLOC_ENV["retain"])
     assert min(default) > 5 * block and max(retain) < 3 * block, (default, retain)
@@ -185,6 +208,8 @@ def test_the_root_cause_is_a_dead_rank_then_the_first_to_report_and_no_rank_for_
     reset = "RuntimeError: Connection reset by peer"
     assert root_cause({0: f"Traceback ...\n{reset}"}, {1: -9}) == (1, "killed by SIGKILL")
     assert root_cause({1: "ValueError: bad input", 0: reset}, {}) == (1, "ValueError: bad input")
-    assert root_cause({0: "rank 0 still running after the 60 s deadline",
-                       1: "rank 1 still running after the 60 s deadline"}, {}, stuck=[0, 1]) == \
-        (None, "rank(s) [0, 1] still running after the 60 s deadline")
+    assert root_cause(
+        {0: "rank 0 still running after the 60 s deadline", 1: "rank 1 still running after the 60 s deadline"},
+        {},
+        stuck=[0, 1],
+    ) == (None, "rank(s) [0, 1] still running after the 60 s deadline")

@@ -1,4 +1,5 @@
 """The results schema: CSV round trip, atomic writes, loading, summarize, and its documentation."""
+
 import math
 import os
 import re
@@ -20,11 +21,22 @@ def _rows(n_ranks=2, n_iters=3, **extra):
     rows = []
     for rank in range(n_ranks):
         for it in range(n_iters):
-            rows.append({**cfg, "rank": rank, "iteration": it, "synced": it % 2 == 0,
-                         "forward_ms": 0.1 + rank + it / 3, "total_ms": 1 / 3 + it,
-                         "backward_comm_exposed_ms": math.nan if it == 1 else 0.0,
-                         "bucket_times_json": '{"launch_ms":[0.5,1.25],"finish_ms":[2.0,3.5]}',
-                         "hostname": "NA", "num_params": 12345678901, "error": "", **extra})
+            rows.append(
+                {
+                    **cfg,
+                    "rank": rank,
+                    "iteration": it,
+                    "synced": it % 2 == 0,
+                    "forward_ms": 0.1 + rank + it / 3,
+                    "total_ms": 1 / 3 + it,
+                    "backward_comm_exposed_ms": math.nan if it == 1 else 0.0,
+                    "bucket_times_json": '{"launch_ms":[0.5,1.25],"finish_ms":[2.0,3.5]}',
+                    "hostname": "NA",
+                    "num_params": 12345678901,
+                    "error": "",
+                    **extra,
+                }
+            )
     return rows
 
 
@@ -68,6 +80,7 @@ def test_write_csv_atomic_makes_folders_and_shareable_files(tmp_path, monkeypatc
     path = tmp_path / "bench" / "summary.csv"
     write_csv_atomic(pd.DataFrame({"ratio": [1.0, 1.25]}), path)
     assert pd.read_csv(path)["ratio"].tolist() == [1.0, 1.25] and path.stat().st_mode & 0o777 == 0o644
+
     def crash(src, dst):
         raise OSError("killed mid-write")
 
@@ -83,11 +96,13 @@ def test_load_of_missing_experiment_is_empty(tmp_path):
 
 
 def test_summarize_percentiles_over_ranks_and_iterations():
-    df = pd.DataFrame({
-        "impl": ["ours"] * 11 + ["torch"] * 3,
-        "total_ms": [float(v) for v in range(11)] + [5.0, 7.0, 1000.0],
-        "error": [""] * 13 + ["boom"],
-    })
+    df = pd.DataFrame(
+        {
+            "impl": ["ours"] * 11 + ["torch"] * 3,
+            "total_ms": [float(v) for v in range(11)] + [5.0, 7.0, 1000.0],
+            "error": [""] * 13 + ["boom"],
+        }
+    )
     out = summarize(df, by=["impl"], metrics=["total_ms"]).set_index("impl")
     assert out.loc["ours", "total_ms_p50"] == 5.0
     assert out.loc["ours", "total_ms_p10"] == pytest.approx(1.0)
@@ -110,7 +125,8 @@ def test_readme_defines_every_column():
 
 
 def test_figures_go_to_the_results_folder_or_where_told_and_the_reference_redraw_stays_out_of_the_tree(
-        tmp_path, monkeypatch):
+    tmp_path, monkeypatch
+):
     monkeypatch.delenv("DDP_REPRO_FIGURES", raising=False)
     monkeypatch.delenv("DDP_REPRO_RESULTS", raising=False)
     assert results.figures_dir(tmp_path) == tmp_path / "figures"

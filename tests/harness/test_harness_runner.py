@@ -1,4 +1,5 @@
 """Training-iteration rows for every impl, the shared timed iteration, and the allreduce microbenchmark."""
+
 import contextlib
 import json
 import math
@@ -7,10 +8,10 @@ import pytest
 import torch
 
 from harness.config import AllreduceConfig, TrainConfig
-from harness.launch import RankContext
-from harness.models import build_model, input_spec, make_inputs
-from harness.runner import timed_iteration
+from harness.launch.spawn import RankContext
 from harness.sweep import run_point
+from harness.workloads.models import build_model, input_spec, make_inputs
+from harness.workloads.runner import timed_iteration
 
 
 def _ours_available():
@@ -29,7 +30,8 @@ def _small(**kw):
 def _check_common(rows, cfg):
     assert len(rows) == cfg.world_size * cfg.iters
     assert sorted({(r["rank"], r["iteration"]) for r in rows}) == [
-        (rank, it) for rank in range(cfg.world_size) for it in range(cfg.iters)]
+        (rank, it) for rank in range(cfg.world_size) for it in range(cfg.iters)
+    ]
     for r in rows:
         assert r["total_ms"] == pytest.approx(r["forward_ms"] + r["backward_ms"] + r["optimizer_ms"])
         assert r["cpu_ms"] >= 0 and 0 <= r["sys_ms"] <= r["cpu_ms"] + 1e-6 and r["minor_faults"] >= 0
@@ -97,8 +99,9 @@ class _NoSyncCounter(torch.nn.Module):
 def test_timed_iteration_accumulates_without_step_and_steps_when_told():
     """The runner's semantics: ``no_sync`` wraps forward + backward; only ``step`` runs the optimizer, which
     then zeroes the gradients in place (``set_to_none=False``)."""
-    ctx = RankContext(rank=0, world_size=1, local_rank=0, backend="gloo", device=torch.device("cpu"),
-                      num_threads=1, timeout_s=60)
+    ctx = RankContext(
+        rank=0, world_size=1, local_rank=0, backend="gloo", device=torch.device("cpu"), num_threads=1, timeout_s=60
+    )
     torch.manual_seed(0)
     model = _NoSyncCounter(build_model("small"))
     inputs = make_inputs("small", input_spec("small", "cpu"), ctx.device)
@@ -109,8 +112,7 @@ def test_timed_iteration_accumulates_without_step_and_steps_when_told():
     assert all(torch.equal(w, p) for w, p in zip(weights, model.parameters()))  # accumulated, not stepped
     assert any(p.grad.abs().sum() > 0 for p in model.parameters())
     assert times["total_ms"] == pytest.approx(times["forward_ms"] + times["backward_ms"] + times["optimizer_ms"])
-    assert set(times) == {"forward_ms", "backward_ms", "optimizer_ms", "total_ms", "cpu_ms", "sys_ms",
-                          "minor_faults"}
+    assert set(times) == {"forward_ms", "backward_ms", "optimizer_ms", "total_ms", "cpu_ms", "sys_ms", "minor_faults"}
     timed_iteration("small", model, opt, inputs, ctx)
     assert model.no_sync_entered == 1
     assert not all(torch.equal(w, p) for w, p in zip(weights, model.parameters()))
@@ -118,8 +120,16 @@ def test_timed_iteration_accumulates_without_step_and_steps_when_told():
 
 
 def test_allreduce_microbenchmark_rows():
-    cfg = AllreduceConfig(world_size=3, total_params=300_000, params_per_call=70_000, iters=3, warmup=1,
-                          threads_per_rank=1, timeout_s=60, net="loopback")
+    cfg = AllreduceConfig(
+        world_size=3,
+        total_params=300_000,
+        params_per_call=70_000,
+        iters=3,
+        warmup=1,
+        threads_per_rank=1,
+        timeout_s=60,
+        net="loopback",
+    )
     rows = run_point(cfg)
     assert len(rows) == 9 and {r["rank"] for r in rows} == {0, 1, 2}
     for r in rows:
@@ -130,7 +140,7 @@ def test_allreduce_microbenchmark_rows():
 
 
 def test_seeded_model_copies_equal_a_fresh_build_and_leave_the_same_random_state():
-    from harness.models import seeded_model
+    from harness.workloads.models import seeded_model
 
     first = seeded_model("small", 3)
     after_first = torch.rand(3)
@@ -139,8 +149,9 @@ def test_seeded_model_copies_equal_a_fresh_build_and_leave_the_same_random_state
     torch.manual_seed(3)
     fresh = build_model("small")
     after_fresh = torch.rand(3)
-    assert second is not first and all(p.data_ptr() != q.data_ptr() for p, q in zip(first.parameters(),
-                                                                                       second.parameters()))
+    assert second is not first and all(
+        p.data_ptr() != q.data_ptr() for p, q in zip(first.parameters(), second.parameters())
+    )
     for a, b, c in zip(first.parameters(), second.parameters(), fresh.parameters()):
         assert torch.equal(a, c) and torch.equal(b, c)
     assert torch.equal(after_first, after_fresh) and torch.equal(after_second, after_fresh)

@@ -2,6 +2,7 @@
 running its own torchrun with a c10d rendezvous across them, as a user would on a cluster (the README's recipe).
 Training with our DDP there must end with the same parameters as the same world size on one host. The addresses
 exist only inside the namespaces the test creates and removes; no traffic leaves them."""
+
 import json
 import os
 import shutil
@@ -79,28 +80,64 @@ def _finish(procs) -> list[dict]:
     return outs
 
 
+def _one_host_run(tmp_path, world: int) -> dict:
+    """The reference: ``world`` ranks of one torchrun on this host; its parameters go to one.pt."""
+    one_host = _start(
+        [
+            *TORCHRUN,
+            "--standalone",
+            f"--nproc-per-node={world}",
+            "-m",
+            "harness.workloads.smoke",
+            f"--out={tmp_path / 'one.pt'}",
+        ],
+        "lo",
+        tmp_path / "one.log",
+    )
+    (reference,) = _finish([one_host])
+    return reference
+
+
+def _two_host_run(two_hosts, tmp_path, ranks_per_host: int, attempt: int) -> list[dict]:
+    """One torchrun per emulated host, meeting at a c10d rendezvous on the first; parameters go to two.pt."""
+    head = two_hosts[0][1]
+    return _finish(
+        [
+            _start(
+                [
+                    "ip",
+                    "netns",
+                    "exec",
+                    ns,
+                    *TORCHRUN,
+                    "--nnodes=2",
+                    f"--nproc-per-node={ranks_per_host}",
+                    "--rdzv-backend=c10d",
+                    f"--rdzv-endpoint={head}:{PORT}",
+                    f"--rdzv-id=smoke{ranks_per_host}-{attempt}",
+                    f"--local-addr={addr}",
+                    f"--rdzv-conf=is_host={int(addr == head)},join_timeout=90",
+                    "-m",
+                    "harness.workloads.smoke",
+                    f"--out={tmp_path / 'two.pt'}",
+                ],
+                dev,
+                tmp_path / f"{ns}-{attempt}.log",
+            )
+            for ns, addr, dev in two_hosts
+        ]
+    )
+
+
 @pytest.mark.parametrize("ranks_per_host", [2])  # ranks within a host and across hosts
 def test_two_hosts_train_to_the_same_parameters_as_one(two_hosts, tmp_path, ranks_per_host):
     world = 2 * ranks_per_host
-    one_host = _start([*TORCHRUN, "--standalone", f"--nproc-per-node={world}", "-m", "harness.smoke",
-                       f"--out={tmp_path / 'one.pt'}"], "lo", tmp_path / "one.log")
-    (reference,) = _finish([one_host])
-    head = two_hosts[0][1]
-
-    def two_host_run(attempt: int) -> list[dict]:
-        return _finish([_start(["ip", "netns", "exec", ns, *TORCHRUN, "--nnodes=2",
-                                f"--nproc-per-node={ranks_per_host}", "--rdzv-backend=c10d",
-                                f"--rdzv-endpoint={head}:{PORT}",
-                                f"--rdzv-id=smoke{ranks_per_host}-{attempt}", f"--local-addr={addr}",
-                                f"--rdzv-conf=is_host={int(addr == head)},join_timeout=90", "-m", "harness.smoke",
-                                f"--out={tmp_path / 'two.pt'}"], dev, tmp_path / f"{ns}-{attempt}.log")
-                        for ns, addr, dev in two_hosts])
-
+    reference = _one_host_run(tmp_path, world)
     try:
-        (summary,) = two_host_run(0)  # rank 0 (on one of the hosts) prints it
+        (summary,) = _two_host_run(two_hosts, tmp_path, ranks_per_host, 0)  # rank 0 (on one of the hosts) prints it
     except (AssertionError, subprocess.TimeoutExpired) as first:  # seen once in ~6 runs of 2 x 2 ranks: a
         warnings.warn(f"two-host launch failed once, retrying: {str(first)[-1500:]}")  # rendezvous that hung
-        (summary,) = two_host_run(1)
+        (summary,) = _two_host_run(two_hosts, tmp_path, ranks_per_host, 1)
     assert summary["world_size"] == world and summary["ranks_agree"]
     assert summary["interfaces"] == sorted(dev for _, _, dev in two_hosts)  # ranks on both hosts took part
     one, two = torch.load(tmp_path / "one.pt"), torch.load(tmp_path / "two.pt")

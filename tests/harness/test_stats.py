@@ -1,8 +1,9 @@
-"""Bootstrap intervals of medians, ratios of medians and pooled points (harness.stats), on small arrays."""
+"""Bootstrap intervals of medians, ratios of medians and pooled points (experiments.stats), on small arrays."""
+
 import numpy as np
 import pytest
 
-from harness.stats import bootstrap_median_ci, bootstrap_medians, pooled_geomean_ci, ratio_of_medians_ci
+from experiments.stats import bootstrap_median_ci, bootstrap_medians, pooled_geomean_ci, ratio_of_medians_ci
 
 
 def _rng(seed=0):

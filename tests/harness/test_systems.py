@@ -1,17 +1,18 @@
 """The data-parallel systems `make zero` compares: each trains like torch's DDP (same parameters after the same
 steps), DataParallel on threads sums the replicas' gradients, memory categories and traffic are what the
 model's size says, and what cannot run here is refused with its reason."""
+
 import pytest
 import torch
 from torch import nn
 
-from harness import memory
 from harness.config import TrainConfig, validate
-from harness.backends import check_backend
-from harness.launch import RankContext, launch
-from harness.models import compute_loss, input_spec, make_inputs, seeded_model
+from harness.launch.backends import check_backend
+from harness.launch.spawn import RankContext, launch
 from harness.sweep import run_point
-from harness.systems import ThreadReplicas, blocks, build, same_on_every_rank, state_tensors
+from harness.workloads import memory
+from harness.workloads.models import compute_loss, input_spec, make_inputs, seeded_model
+from harness.workloads.systems import ThreadReplicas, blocks, build, same_on_every_rank, state_tensors
 
 CPU = RankContext(0, 1, 0, "gloo", torch.device("cpu"), 1, 60.0)
 SYSTEMS = ("torch", "zero1", "fsdp", "fsdp_keep", "deepspeed1", "deepspeed2", "deepspeed3")
@@ -143,6 +144,7 @@ def test_memory_profile_counts_a_flat_buffer_seen_through_a_small_view_whole():
 def test_file_backed_pages_are_not_counted_as_memory(tmp_path):
     """Code a system loads (DeepSpeed's compiled ops) is resident file pages, not training data."""
     import mmap
+
     path = tmp_path / "blob"
     path.write_bytes(b"x" * (32 << 20))
     with open(path, "rb") as f, mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) as pages:
@@ -156,8 +158,9 @@ def test_memory_point_measures_traffic_and_state_per_rank():
     """torch's DDP at 2 ranks in a private network namespace: each rank sends one ring all-reduce of the
     gradients (2 (N-1)/N x 4 bytes per parameter; its sockets' payload, so within the barriers' and the buffer
     broadcast's few hundred bytes); FSDP (ZeRO-3) holds about half the model state per rank."""
-    base = dict(model="small", world_size=2, iters=1, warmup=1, net="10gbit", memory=True, optimizer="adam",
-                timeout_s=60)
+    base = dict(
+        model="small", world_size=2, iters=1, warmup=1, net="10gbit", memory=True, optimizer="adam", timeout_s=60
+    )
     ddp = run_point(TrainConfig(impl="torch", **base))
     params = ddp[0]["num_params"]
     for row in ddp:
@@ -194,13 +197,16 @@ def test_build_broadcasts_the_model_only_where_ranks_differ(offsets, same):
         assert per_rank[0][impl][1] == per_rank[1][impl][1]  # rank 0's weights everywhere, broadcast or not
 
 
-@pytest.mark.parametrize("fields, message", [
-    (dict(impl="fsdp", sync_every=2), "no_sync"),
-    (dict(impl="zero1", comm_hook="fp16"), "needs impl 'ours' or 'torch'"),
-    (dict(impl="torch", replicas=2), "replicas=2 needs impl='threads'"),
-    (dict(impl="threads", world_size=2, replicas=2), "world_size must be 1"),
-    (dict(impl="deepspeed3", overlap=False), "overlap=False"),
-])
+@pytest.mark.parametrize(
+    "fields, message",
+    [
+        (dict(impl="fsdp", sync_every=2), "no_sync"),
+        (dict(impl="zero1", comm_hook="fp16"), "needs impl 'ours' or 'torch'"),
+        (dict(impl="torch", replicas=2), "replicas=2 needs impl='threads'"),
+        (dict(impl="threads", world_size=2, replicas=2), "world_size must be 1"),
+        (dict(impl="deepspeed3", overlap=False), "overlap=False"),
+    ],
+)
 def test_settings_a_system_cannot_honour_are_refused(fields, message):
     with pytest.raises(ValueError, match=message):
         validate(TrainConfig(model="small", **fields))
@@ -219,9 +225,11 @@ def _collective_traffic(ctx, cfg):
     n = 2**20 * ctx.world_size
     full, shard = torch.ones(n), torch.empty(n // ctx.world_size)
     out = {}
-    for name, op in [("all_reduce", lambda: dist.all_reduce(full)),
-                     ("all_gather", lambda: dist.all_gather_into_tensor(full, shard)),
-                     ("reduce_scatter", lambda: dist.reduce_scatter_tensor(shard, full))]:
+    for name, op in [
+        ("all_reduce", lambda: dist.all_reduce(full)),
+        ("all_gather", lambda: dist.all_gather_into_tensor(full, shard)),
+        ("reduce_scatter", lambda: dist.reduce_scatter_tensor(shard, full)),
+    ]:
         dist.barrier()
         before = memory.sent_bytes()
         op()

@@ -1,26 +1,31 @@
-"""What ``simulator.predict`` adds to the simulation (DDP's copies, the buffer broadcast), the calibration file,
+"""What ``simulator.model.scenario`` adds to the simulation (DDP's copies, the buffer broadcast), the calibration file,
 and the `predict` command end to end (small model, loopback: a functional check, not a timing one)."""
+
 import json
-import statistics
 from dataclasses import asdict
 from pathlib import Path
 
 import pytest
 
+from simulator import AlphaBeta, ComputeProfile
+from simulator.model.calibration import VERSION, Calibration
+from simulator.model.scenario import Scenario, predict, with_bucket_copies
 from tests.in_process import run_experiments
-
-from simulator import AlphaBeta, ComputeProfile, fit_ring
-from simulator.calibrate import VERSION, Calibration
-from simulator.predict import Scenario, predict, with_bucket_copies
 
 # 400-byte gradients ready at 4 ms (p1) and 10 ms (p0); copying costs 0.005 ms per byte (2 ms per gradient)
 TWO = ComputeProfile(param_bytes=(400, 400), ready_ms=(10.0, 4.0), backward_ms=10.0, forward_ms=5.0, optimizer_ms=2.0)
 
 
 def _calibration(buffer_bytes=0, copy=0.005):
-    return Calibration(profile=TWO, comm=AlphaBeta(0.5, 0.01), copy_ms_per_byte=copy, buffer_bytes=buffer_bytes,
-                       point=dict(model="small", profile="cpu", world_size=2, backend="gloo", net="1gbit",
-                                  net_rate_mbit=1000.0), fit={}, meta=dict(version=VERSION, created_at="now"))
+    return Calibration(
+        profile=TWO,
+        comm=AlphaBeta(0.5, 0.01),
+        copy_ms_per_byte=copy,
+        buffer_bytes=buffer_bytes,
+        point=dict(model="small", profile="cpu", world_size=2, backend="gloo", net="1gbit", net_rate_mbit=1000.0),
+        fit={},
+        meta=dict(version=VERSION, created_at="now"),
+    )
 
 
 def test_bucket_copies_delay_every_later_gradient():
@@ -92,8 +97,9 @@ def test_predict_command_probes_stores_and_reuses_a_calibration(tmp_path):
     # (2-8 us a gradient across runs, so an honest zero where the medians' difference falls below the launches')
     assert len(cal.fit["host_cost"]) == 2 and all(len(h["backward_ms"]) == 3 for h in cal.fit["host_cost"])
     assert cal.host_per_bucket_ms > 0 and cal.host_per_gradient_ms >= 0
-    again = _predict("--model=small", "--net=loopback", "--bucket_cap_mb=1", "--json", f"--calibration={stored}",
-                     cwd=tmp_path)
+    again = _predict(
+        "--model=small", "--net=loopback", "--bucket_cap_mb=1", "--json", f"--calibration={stored}", cwd=tmp_path
+    )
     assert json.loads(again.stdout.strip().splitlines()[-1])["predicted_ms"] == pytest.approx(out["predicted_ms"])
     # again without --calibration: within REFRESH_HOURS only the compute is re-timed, the rest kept as probed
     refreshed = _predict("--model=small", "--net=loopback", "--bucket_cap_mb=1", cwd=tmp_path)
@@ -113,44 +119,9 @@ def test_predict_command_probes_stores_and_reuses_a_calibration(tmp_path):
     assert wrong.returncode != 0 and "was probed with model='small'" in wrong.stderr
 
 
-def test_host_cost_solves_per_gradient_and_per_bucket_from_three_backwards():
-    from simulator.host_cost import solve
-
-    # 10 gradients, g = 0.02, b = 0.3, copies 0.1: one bucket 5 + 0.2 + 0.3 + 0.1; one per gradient 5 + 0.2 + 3 + 0.1
-    cost = solve((5.0, 5.6, 8.3), gradients=10, copy_ms=0.1)
-    assert (cost.per_gradient_ms, cost.per_bucket_ms) == (pytest.approx(0.02), pytest.approx(0.3))
-    noisy = solve((5.0, 4.9, 4.8), gradients=10, copy_ms=0.1)
-    assert (noisy.per_gradient_ms, noisy.per_bucket_ms) == (0.0, 0.0)  # noise never makes work negative
-    # 100 gradients in 1 bucket (5 + 2 + 0.3 + 0.1) and in 10 (5 + 2 + 3 + 0.1)
-    layouts = solve((5.0, 7.4, 10.1), gradients=100, copy_ms=0.1, buckets=(1, 10))
-    assert (layouts.per_gradient_ms, layouts.per_bucket_ms) == (pytest.approx(0.02), pytest.approx(0.3))
-    # one parameter (per dtype): both layouts are the same buckets, so nothing to price a bucket by
-    assert solve((5.0, 5.2, 5.3), gradients=1, copy_ms=0.0, buckets=(1, 1)).per_bucket_ms == 0.0
-
-
-def test_host_cost_prices_buckets_of_several_gradients_as_ddp_lays_them_out():
-    import torch
-
-    from simulator.host_cost import GRADIENTS_PER_BUCKET, MIN_BUCKETS, layouts
-
-    # 2000 gradients of 16 or 256 floats: one bucket, then buckets of about 10 gradients' bytes
-    weights = [torch.zeros(16 if i % 2 else 256) for i in range(2000)]
-    (one_mb, one), (several_mb, several) = layouts(weights)
-    assert one == 1 and one_mb * 2**20 >= 4 * (1000 * 16 + 1000 * 256)
-    assert 0.9 * 2000 / GRADIENTS_PER_BUCKET <= several <= 1.1 * 2000 / GRADIENTS_PER_BUCKET
-    assert layouts(weights + [torch.zeros(3, dtype=torch.float64)])[0][1] == 2  # a bucket per dtype
-    # fewer gradients: still enough buckets to stand above the noise, even where large ones fill a bucket each
-    assert MIN_BUCKETS <= layouts(weights[:300])[1][1] < 300
-    mixed = [torch.zeros(2**16)] * 50 + [torch.zeros(64)] * 150
-    assert MIN_BUCKETS <= layouts(mixed)[1][1] < 200
-    # too few gradients for that: one bucket per gradient
-    assert layouts(weights[:8])[1] == (0.0, 8)
-    assert layouts(weights[:1]) == [(2 * 1024 / 2**20, 1), (0.0, 1)]  # one parameter: the same one bucket twice
-
-
 def test_a_one_rank_probe_of_one_iteration_calibrates(tmp_path, monkeypatch):
     from harness import TrainConfig
-    from simulator.calibrate import calibrate
+    from simulator.probe.calibrate import calibrate
 
     # compute is timed after DDP's iterations at one rank too; with one warm-up and one measured iteration none of
     # DDP's is past its bucket rebuild, so its phases (kept for the record only) stay empty instead of failing
@@ -159,100 +130,28 @@ def test_a_one_rank_probe_of_one_iteration_calibrates(tmp_path, monkeypatch):
     assert cal.ddp == {} and cal.profile.backward_ms > 0 and cal.host_per_bucket_ms >= 0
 
 
-def test_host_cost_takes_each_rounds_slowest_rank():
-    from simulator.host_cost import slowest
-
-    # 3 rounds of (no DDP, one bucket, one per gradient); the ranks take turns being slow
-    rank0 = [[5.0, 6.0, 5.0], [5.6, 6.6, 5.6], [8.3, 9.3, 8.3]]
-    rank1 = [[6.0, 5.0, 7.0], [6.6, 5.6, 7.6], [9.3, 8.3, 10.3]]
-    cost = slowest([dict(backward_ms=times, gradients=10, copy_ms=0.1) for times in (rank0, rank1)])
-    assert cost.backward_ms == (6.0, 6.6, 9.3)  # medians of (6, 6, 7), (6.6, 6.6, 7.6), (9.3, 9.3, 10.3)
-    assert (cost.per_gradient_ms, cost.per_bucket_ms) == (pytest.approx(0.02), pytest.approx(0.3))
-
-
-def test_host_cost_stand_in_takes_the_models_parameters_without_its_compute():
-    import torch
-
-    from simulator.host_cost import STAND_IN_MAX_NUMEL, StandIn
-
-    params = [torch.zeros(3, 4), torch.zeros(STAND_IN_MAX_NUMEL + 5, dtype=torch.float64), torch.zeros(7)]
-    stand_in = StandIn(params, "cpu")
-    weights = list(stand_in.parameters())
-    # as many, as large (up to the cap: beyond it DDP copies by the gradient's own hook), of the same dtypes
-    assert [w.numel() for w in weights] == [12, STAND_IN_MAX_NUMEL, 7]
-    assert [w.dtype for w in weights] == [torch.float32, torch.float64, torch.float32]
-    order = []
-    for i, w in enumerate(weights):
-        w.register_hook(lambda g, i=i: order.append(i))
-    stand_in(torch.ones(())).backward()
-    assert order == [2, 1, 0] and all(torch.equal(w.grad, torch.ones_like(w)) for w in weights)
-
-
 def test_prediction_charges_the_calibrations_host_work_on_backwards_thread():
     from dataclasses import replace
 
     cal = _calibration(copy=0.0)
-    plain, host = (predict(c, Scenario(bucket_cap_mb=0)) for c in (
-        cal, replace(cal, host_per_gradient_ms=0.5, host_per_bucket_ms=2.0)))
+    plain, host = (
+        predict(c, Scenario(bucket_cap_mb=0))
+        for c in (cal, replace(cal, host_per_gradient_ms=0.5, host_per_bucket_ms=2.0))
+    )
     # two gradients, two buckets: 2 x (0.5 + 2) on backward's thread, after which the last call starts that much later
     assert host["host_ms"] == pytest.approx(5.0) and plain["host_ms"] == 0
     assert host["bucket_ready_ms"][-1] - plain["bucket_ready_ms"][-1] == pytest.approx(5.0)
-
-
-def test_link_fit_takes_the_rate_from_large_calls_despite_a_burst():
-    from simulator.comm import MIB, fit_link
-
-    link = AlphaBeta(0.3, 1.6e-5)  # 500 Mbit/s
-    sizes = (4096, 65536, MIB, 8 * MIB, 32 * MIB, 128 * MIB)
-    exact = fit_link([(2, n, link.allreduce_ms(n, 2)) for n in sizes for _ in range(2)])
-    assert exact.model.alpha_ms == pytest.approx(0.3, rel=1e-6) and exact.model.beta_ms_per_byte == pytest.approx(
-        1.6e-5, rel=1e-6)
-    # a burst: calls up to 1 MiB pass at 5x the rate (as tbf lets a burst through); the large calls set beta
-    burst = [(2, n, link.allreduce_ms(n, 2) if n > MIB else 0.6 + n * 1.6e-5 / 5) for n in sizes for _ in range(2)]
-    fit = fit_link(burst)
-    assert fit.model.beta_ms_per_byte == pytest.approx(1.6e-5, rel=0.02)
-    assert fit_ring(burst).model.beta_ms_per_byte < 0.9 * 1.6e-5  # what a relative fit made of it
-
-
-def test_contention_is_the_slowest_ranks_per_pair():
-    from simulator.calibrate import slowest_rank_contention
-
-    # two ranks, three (alone, under) pairs: the rank that slows most changes between pairs, as on shared cores
-    rank0 = [(100.0, 170.0), (100.0, 124.0), (110.0, 176.0)]
-    rank1 = [(105.0, 126.0), (100.0, 171.0), (100.0, 120.0)]
-    # per pair: 170/105, 171/100, 176/110 -> 0.619, 0.71, 0.6; the ranks' own medians would have read ~0.4
-    assert slowest_rank_contention([rank0, rank1]) == pytest.approx(170 / 105 - 1)
-    assert slowest_rank_contention([[(100.0, 90.0)]]) == 0.0  # faster under communication: no contention
-    assert slowest_rank_contention([[], []]) == 0.0  # one rank: no pairs
-
-
-def test_compute_is_the_slowest_rank_in_each_iteration():
-    from simulator.calibrate import slowest_compute
-
-    def it(forward, backward, ready, optimizer=1.0):
-        return dict(forward=forward, backward=backward, ready=ready, optimizer=optimizer)
-
-    # the slower rank changes between iterations: each one's is what a synchronized iteration waits for
-    rank0 = [it(10.0, 20.0, [5.0, 20.0]), it(14.0, 20.0, [5.0, 20.0], 3.0), it(10.0, 20.0, [5.0, 20.0])]
-    rank1 = [it(14.0, 24.0, [4.0, 24.0], 3.0), it(10.0, 20.0, [5.0, 20.0]), it(10.0, 30.0, [5.0, 30.0])]
-    got = slowest_compute([dict(runs=rank0), dict(runs=rank1)])
-    # per iteration: forward 14, 14, 10; forward + backward 38, 34, 40 -> backward 24, 20, 30; optimizer 3, 3, 1
-    assert (got["forward_ms"], got["backward_ms"], got["optimizer_ms"]) == (14.0, 24.0, 3.0)
-    # each gradient's ready time counted from the iterations' common start: max(10 + 5, 14 + 4) - 14 = 4, then 5, 5
-    assert got["ready_ms"] == (5.0, 24.0)
-    # the slower rank's medians would have read 10 + 24 + 1 = 35 ms where the iterations' median is 40
-    assert max(statistics.median(r["forward"] for r in runs) for runs in (rank0, rank1)) == 10.0
 
 
 def test_a_stored_full_probe_is_refreshed_within_a_day_and_redone_after(tmp_path, monkeypatch):
     import datetime
     from dataclasses import replace
 
-    import simulator.calibrate as calibrate_module
-    from experiments.predict import REFRESH_HOURS, calibration_for, calibration_path
+    import simulator.probe.calibrate as calibrate_module
+    from experiments.tools.calibrations import REFRESH_HOURS, calibration_for, calibration_path
     from harness import TrainConfig
     from harness.config import validate
-    from harness.runner import machine_metadata
+    from harness.workloads.runner import machine_metadata
 
     cfg = validate(TrainConfig(model="small", world_size=2, net="1gbit"))
     done = []
@@ -283,8 +182,8 @@ def test_a_stored_full_probe_is_refreshed_within_a_day_and_redone_after(tmp_path
 
 def test_a_gpus_probe_times_more_iterations_than_a_cpus(tmp_path, monkeypatch):
     """On a GPU an iteration takes tens of ms, and 3 after 1 warm-up read an H100 far off fig7: 20 after 5 there."""
-    import simulator.calibrate as calibrate_module
-    from experiments.predict import calibration_for
+    import simulator.probe.calibrate as calibrate_module
+    from experiments.tools.calibrations import calibration_for
     from harness import TrainConfig
 
     probed = []
@@ -296,12 +195,22 @@ def test_a_gpus_probe_times_more_iterations_than_a_cpus(tmp_path, monkeypatch):
 
 def test_the_link_comes_from_make_fig2s_stored_calls_on_the_same_link(tmp_path):
     from harness.results import load_results
-    from harness.collectives import call_samples
-    from simulator.comm import fit_link
+    from harness.workloads.collectives import call_samples
+    from simulator.model.comm import fit_link
 
-    fig2 = run_experiments("fig2", "--net=loopback", "--backends=gloo", "--total_params=600000",
-                           "--params_per_call=60000,600000", "--compute_model=small", "--iters=2", "--warmup=1",
-                           "--repeats=1", cwd=tmp_path, env={"DDP_REPRO_RESULTS": str(tmp_path / "results")})
+    fig2 = run_experiments(
+        "fig2",
+        "--net=loopback",
+        "--backends=gloo",
+        "--total_params=600000",
+        "--params_per_call=60000,600000",
+        "--compute_model=small",
+        "--iters=2",
+        "--warmup=1",
+        "--repeats=1",
+        cwd=tmp_path,
+        env={"DDP_REPRO_RESULTS": str(tmp_path / "results")},
+    )
     assert fig2.returncode == 0, fig2.stderr
     done = _predict("--model=small", "--net=loopback", "--json", cwd=tmp_path)
     assert done.returncode == 0, done.stderr

@@ -1,4 +1,5 @@
 """The simulator's math against answers worked out by hand (in the comments)."""
+
 from dataclasses import replace
 
 import numpy as np
@@ -7,7 +8,7 @@ import torch
 
 from ddp_impl.buckets import MIB, ParamSpec, assign_buckets
 from simulator import AlphaBeta, ComputeProfile, TwoTier, buckets_for, fit_ring, simulate
-from simulator.calibrate import fit_calls, latency_from_calls, latency_share_from_calls
+from simulator.probe.calibrate import fit_calls, latency_from_calls, latency_share_from_calls
 
 # p = 2: a call costs 2(p-1)*alpha + 2(p-1)/p * n * beta = 2*0.5 + 1 * 400 * 0.01 = 1 ms latency + 4 ms of bytes
 COMM = AlphaBeta(alpha_ms=0.5, beta_ms_per_byte=0.01)
@@ -33,7 +34,7 @@ def _synthetic(alpha, beta, noise=0.0, seed=0):
     rng = np.random.default_rng(seed)
     out = []
     for p in (2, 4, 8):
-        for n in (2 ** k for k in range(10, 27)):  # 1 KiB .. 64 MiB
+        for n in (2**k for k in range(10, 27)):  # 1 KiB .. 64 MiB
             for _ in range(3):
                 ms = AlphaBeta(alpha, beta).allreduce_ms(n, p) * float(np.exp(rng.normal(0.0, noise)))
                 out.append((p, n, ms))
@@ -141,8 +142,7 @@ def test_concurrent_calls_in_one_group_hide_latency_not_bytes():
 def test_latency_from_calls_inverts_the_simulator():
     # gradients ready at 0, 10, 20 ms; one call per gradient, 2 steps each (p = 2): the calls never queue, so the
     # last is done at 20 + 2 * alpha: done at 23 -> alpha 1.5, whether one or two calls may run at once
-    spread = ComputeProfile((4, 4, 4), ready_ms=(20.0, 10.0, 0.0), backward_ms=20.0, forward_ms=0.0,
-                            optimizer_ms=0.0)
+    spread = ComputeProfile((4, 4, 4), ready_ms=(20.0, 10.0, 0.0), backward_ms=20.0, forward_ms=0.0, optimizer_ms=0.0)
     assert latency_from_calls(spread, 23.0, 2) == pytest.approx(1.5, rel=2e-3)
     assert latency_from_calls(spread, 23.0, 2, concurrent=2) == pytest.approx(1.5, rel=2e-3)
     # four gradients ready at once: one at a time the last is done at 4 * 2 * alpha, two at a time at 2 * 2 * alpha
@@ -164,11 +164,13 @@ def test_calls_waiting_out_their_latency_slow_compute_by_the_latency_share():
     # Share 0.5: compute at rate 1/1.5 while one runs. Gradient 2 ready at 0: its call 0-3 ms, compute reaches 2;
     # gradient 1 at 10 (t = 11): call 11-14, compute 10 -> 12; backward's compute ends at 20 + 2 = 22 ms, and the
     # last call (gradient 0, ready then) ends at 25. Share 1 (rate 1/2): 1.5 lost per call -> 23; share 0 -> 20.
-    spread = ComputeProfile((4, 4, 4), ready_ms=(20.0, 10.0, 0.0), backward_ms=20.0, forward_ms=0.0,
-                            optimizer_ms=0.0, contention=1.0)
+    spread = ComputeProfile(
+        (4, 4, 4), ready_ms=(20.0, 10.0, 0.0), backward_ms=20.0, forward_ms=0.0, optimizer_ms=0.0, contention=1.0
+    )
     latency = AlphaBeta(1.5, 0.0)
-    ends = [simulate(replace(spread, latency_contention=s), buckets_for(spread, 0.0), latency, 2)
-            for s in (0.0, 0.5, 1.0)]
+    ends = [
+        simulate(replace(spread, latency_contention=s), buckets_for(spread, 0.0), latency, 2) for s in (0.0, 0.5, 1.0)
+    ]
     assert [p.compute_end_ms for p in ends] == [pytest.approx(20.0), pytest.approx(22.0), pytest.approx(23.0)]
     assert ends[1].backward_ms == pytest.approx(25.0)
     assert latency_share_from_calls(spread, 22.0, 2, latency) == pytest.approx(0.5, abs=2e-3)
@@ -246,7 +248,13 @@ def test_comm_contention_slows_the_bytes_while_backward_computes():
     # bucket 0 (p1) ready at 4: latency 4 -> 5, then 4 ms of bytes at half speed until compute ends at 10
     # (2.5 done), the last 1.5 at full speed: done 11.5. Bucket 1 (p0) ready at 10 waits for the channel:
     # 11.5 -> 12.5 latency -> 16.5 bytes. Synced: 5 + 16.5 + 2 = 23.5 (22 without comm_contention).
-    slow = ComputeProfile(param_bytes=(400, 400), ready_ms=(10.0, 4.0), backward_ms=10.0, forward_ms=5.0,
-                          optimizer_ms=2.0, comm_contention=1.0)
+    slow = ComputeProfile(
+        param_bytes=(400, 400),
+        ready_ms=(10.0, 4.0),
+        backward_ms=10.0,
+        forward_ms=5.0,
+        optimizer_ms=2.0,
+        comm_contention=1.0,
+    )
     pred = simulate(slow, buckets_for(slow, 0), COMM, 2)
     assert pred.done_ms == pytest.approx((11.5, 16.5)) and pred.total_ms == pytest.approx(23.5)

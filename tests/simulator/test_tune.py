@@ -1,23 +1,31 @@
 """The bucket-cap recommendation: minimax regret over the probe's uncertain inputs, computed by hand."""
+
 import pytest
 
 from simulator import AlphaBeta, ComputeProfile, TwoTier
-from simulator.calibrate import VERSION, Calibration
-from simulator.tune import recommend, with_alpha_scaled
+from simulator.model.calibration import VERSION, Calibration
+from simulator.model.recommend import recommend, with_alpha_scaled
 
 # 400-byte gradients ready at 4 ms (p1) and 10 ms (p0), nothing else: no copies, forward, optimizer or contention.
 # One call at a time (NCCL). At beta 0.01 a 400-byte bucket's bytes take 4 ms, 800 bytes 8 ms, after 2a latency:
 #   cap 0 (a bucket each): p1's call 4 -> 8 + 2a; p0's starts at max(10, 8 + 2a) and takes 2a + 4, so for
 #   a > 1 the iteration is 12 + 4a;
 #   cap 1000 (one bucket): 10 + 2a + 8 = 18 + 2a.
-PROFILE = ComputeProfile(param_bytes=(400, 400), ready_ms=(10.0, 4.0), backward_ms=10.0, forward_ms=0.0,
-                         optimizer_ms=0.0)
+PROFILE = ComputeProfile(
+    param_bytes=(400, 400), ready_ms=(10.0, 4.0), backward_ms=10.0, forward_ms=0.0, optimizer_ms=0.0
+)
 
 
 def _calibration(alpha):
-    return Calibration(profile=PROFILE, comm=AlphaBeta(alpha, 0.01), copy_ms_per_byte=0.0, buffer_bytes=0,
-                       point=dict(model="small", profile="cpu", world_size=2, backend="nccl"), fit={},
-                       meta=dict(version=VERSION))
+    return Calibration(
+        profile=PROFILE,
+        comm=AlphaBeta(alpha, 0.01),
+        copy_ms_per_byte=0.0,
+        buffer_bytes=0,
+        point=dict(model="small", profile="cpu", world_size=2, backend="nccl"),
+        fit={},
+        meta=dict(version=VERSION),
+    )
 
 
 def test_a_near_tie_goes_to_the_cap_that_stays_close_to_the_best():

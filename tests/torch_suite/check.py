@@ -1,5 +1,6 @@
 """check.py OURS.xml: ours must pass every test in torch_passes.txt except those in excepted.txt (each with its
 reason). Prints what falls short, and exceptions that no longer apply; exits 1 if ours falls short."""
+
 import sys
 from pathlib import Path
 

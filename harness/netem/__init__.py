@@ -1,0 +1,2 @@
+"""Network emulation for spawned CPU ranks: each rank in its own network namespace behind a shaped link (tc netem
+and tbf), the root helper that builds them, the wire checks, and ``net=auto``'s rate. Imports harness.launch."""
