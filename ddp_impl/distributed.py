@@ -100,9 +100,9 @@ class DistributedDataParallel(lifetime.Picklable, nn.Module, join.JoinableDDP):
     ):
         super().__init__()
         Joinable.__init__(self)  # _join_config: disabled until a Join context enables it
-        self.bucket_bytes_cap_list = [mb_to_bytes(mb) for mb in bucket_cap_mb_list or ()]  # torch's attribute
         cap, first_cap = caps_bytes(bucket_cap_mb, first_bucket_cap_mb)
-        comm_hook = resolve(comm_hook) if comm_hook else None
+        self.bucket_bytes_cap_list = [mb_to_bytes(mb) for mb in bucket_cap_mb_list or ()]  # torch's attribute
+        comm_hook = resolve(comm_hook) if comm_hook is not None else None
         check_arguments(timing)
         self.module, self.timing = module, timing
         self.process_group = process_group if process_group is not None else dist.group.WORLD

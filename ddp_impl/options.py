@@ -33,7 +33,7 @@ class DDPOptions:
             ``False`` keeps the paper's static layout.
         gradient_as_bucket_view: each ``.grad`` is a view into its bucket (no copy back).
         comm_hook: a torch-API hook ``(state, GradBucket) -> Future``, or the short name of one of torch's own
-            (``"allreduce"``, ``"fp16"``, ``"bf16"``); ``None`` or ``""``: the default allreduce.
+            (``"allreduce"``, ``"fp16"``, ``"bf16"``); ``None``: the default allreduce.
         timing: per-iteration instrumentation: ``True``, ``False`` or ``"trace"`` (each bucket's times too).
         broadcast_buffers: deprecated; ``False`` stops every buffer broadcast.
         forward_sync_buffers: broadcast rank 0's buffers before each synchronized forward (default ``True``).

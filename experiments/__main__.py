@@ -125,6 +125,8 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def _main(argv: list[str]) -> int:
+    if argv and argv[0] in TOOLS:  # a tool needs no figure driver imported
+        return importlib.import_module(TOOLS[argv[0]]).main(argv[1:])
     found = drivers()
     if not argv or argv[0] in ("-h", "--help", "list"):
         print(__doc__)
@@ -136,8 +138,6 @@ def _main(argv: list[str]) -> int:
             print(f"  {name:11s} {_first_line(importlib.import_module(module))}")
         return 0
     command, rest = argv[0], argv[1:]
-    if command in TOOLS:
-        return importlib.import_module(TOOLS[command]).main(rest)
     if command in ("report", "plots", "claims"):
         return _stored(command, rest, found)
     if command not in found:

@@ -174,7 +174,8 @@ def _fmt(b, unit: str = "", digits: int = 0) -> str:
 def claims_at_scale(cluster=DEFAULT_CLUSTER, models=("resnet50", "bert-base")) -> list[tuple[str, str, str]]:
     """The paper's claims as the simulation answers them at the paper's world sizes: (claim, simulated with its band,
     the paper's) per row (REPRODUCTION.md adds the agreement)."""
-    from simulator.model.clusters import PAPER_OVERLAP_SPEEDUP, band, overlap_speedup
+    from simulator.model.cluster_data import PAPER_OVERLAP_SPEEDUP
+    from simulator.model.clusters import band, overlap_speedup
     from simulator.probe.flops import count_flops
 
     rows = []
@@ -227,10 +228,10 @@ def _spread(cluster, model, backend, gpus, at) -> float:
 
 
 def published_checks(cluster=DEFAULT_CLUSTER) -> list[tuple[str, str, str, str]]:
-    """Published multi-GPU DDP runs on the paper's shape of cluster (simulator.model.clusters.PUBLISHED_SCALING): the
-    one-GPU throughput calibrates the compute, the multi-GPU ones only check it. (point, simulated ms with band,
+    """Published multi-GPU DDP runs on the paper's shape of cluster (simulator.model.cluster_data.PUBLISHED_SCALING):
+    the one-GPU throughput calibrates the compute, the multi-GPU ones only check it. (point, simulated ms with band,
     measured ms, miss of the middle)."""
-    from simulator.model.clusters import PUBLISHED_SCALING
+    from simulator.model.cluster_data import PUBLISHED_SCALING
 
     rows = []
     for (model, batch), runs in PUBLISHED_SCALING.items():

@@ -1,8 +1,8 @@
 """Repetitions and verdicts with uncertainty: what every figure's summary says about its numbers.
 
-A repetition is one pass over a sweep (``harness.sweep.schedule``). Within it, points that differ only in how DDP
+A repetition is one pass over a sweep (``harness.sweep_order.schedule``). Within it, points that differ only in how DDP
 trains (bucket cap, overlap, n, k, ...) are measured in one rank task, an iteration of each in turn
-(``harness.sweep.interleaved_groups``), so the machine's drift hits them alike and the ratio of two points'
+(``harness.sweep_order.interleaved_groups``), so the machine's drift hits them alike and the ratio of two points'
 medians in one task is paired. Every reported number is the median over repetitions with a 95% bootstrap
 interval over repetitions (:class:`Spread`); a claim whose interval straddles its threshold is "not resolved
 here".
@@ -76,7 +76,7 @@ def spread(per_repeat) -> Spread:
 def paired_ratios(per_task: pd.Series, option, reference) -> np.ndarray:
     """``option`` / ``reference`` (first index level) per repetition both have, from :func:`task_medians`: measured
     in one task, the ratio of their medians there; in two tasks of one repetition, through a third option both
-    tasks measured (the anchor of ``harness.sweep.interleaved_groups``); otherwise (measured apart, or a series
+    tasks measured (the anchor of ``harness.sweep_order.interleaved_groups``); otherwise (measured apart, or a series
     without tasks) the ratio of their repetition medians."""
     if "task" not in per_task.index.names:
         a, b = per_task.xs(option), per_task.xs(reference)

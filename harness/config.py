@@ -92,7 +92,7 @@ class TrainConfig:
         return DDPOptions(
             bucket_cap_mb=self.bucket_cap_mb,
             overlap=self.overlap,
-            comm_hook=self.comm_hook,
+            comm_hook=self.comm_hook or None,
             gradient_as_bucket_view=self.gradient_as_bucket_view,
             timing="trace" if self.trace_buckets else True,
         )

@@ -46,6 +46,13 @@ def test_imports_point_down(name):
     assert not upward, f"{name} imports a higher layer: {sorted(upward)}"
 
 
+def test_the_launcher_imports_nothing_else_of_the_harness():
+    """harness.launch is the bottom room: configs, workloads and networks are built on it, never the reverse."""
+    for name, imports in GRAPH.items():
+        if name.startswith("harness.launch"):
+            assert all(not m.startswith("harness.") or m.startswith("harness.launch") for m in imports), name
+
+
 def test_no_import_cycles():
     done, path = set(), []
 

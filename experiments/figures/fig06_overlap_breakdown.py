@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from ddp_impl import DEFAULT_BUCKET_CAP_MB
 from experiments import common, paper_scale, plotting, verdicts
 from harness import TrainConfig
-from simulator.model.clusters import PAPER_OVERLAP_SPEEDUP
+from simulator.model.cluster_data import PAPER_OVERLAP_SPEEDUP
 
 FIGURE = "fig6"
 PAPER = {

@@ -119,14 +119,14 @@ def _calibrated(ns) -> tuple:
     options that exclude each other."""
     cfg = modelled(dataclass_from_namespace(TrainConfig, ns))
     if ns.cluster:
-        from simulator.probe.flops import counted_cluster_calibration as cluster_calibration
+        from simulator.probe.flops import counted_cluster_calibration
 
         if ns.calibration or ns.probe:
             raise ValueError(
                 "--calibration or --probe and --cluster exclude each other: a calibration is this machine's"
             )
         cfg = validate(dataclasses.replace(cfg, backend="nccl" if cfg.backend == "auto" else cfg.backend))
-        return cfg, cluster_calibration(ns.cluster, cfg.model, cfg.backend, cfg.world_size), ns.cluster
+        return cfg, counted_cluster_calibration(ns.cluster, cfg.model, cfg.backend, cfg.world_size), ns.cluster
     cfg = validate(cfg)
     if ns.calibration and ns.probe:
         raise ValueError("--calibration and --probe exclude each other: a given calibration is used as it is")
@@ -153,11 +153,11 @@ def _prediction(ns, cfg: TrainConfig, cal, path) -> tuple:
     )
     if ns.cluster:  # the range each stated assumption's low and high ends give
         from simulator.model.clusters import band
-        from simulator.probe.flops import counted_cluster_calibration as cluster_calibration
+        from simulator.probe.flops import counted_cluster_calibration
 
         lo, _, hi = band(
             lambda at: predict(
-                cluster_calibration(ns.cluster, cfg.model, cfg.backend, cfg.world_size, at=at), scenario
+                counted_cluster_calibration(ns.cluster, cfg.model, cfg.backend, cfg.world_size, at=at), scenario
             )["predicted_ms"]
         )
         out["predicted_range_ms"] = [lo, hi]

@@ -217,7 +217,7 @@ class NamespacePool:
         code = self._proc.poll()
         self.close()
         why = "ran past its deadline" if not ready else f"exited with code {code} without an answer"
-        raise LaunchError(f"the network-emulation helper (`unshare -rn python -c ...harness.netem_helper`) {why}")
+        raise LaunchError(f"the network-emulation helper (`unshare -rn python -c ...harness.netem.helper`) {why}")
 
     def run(self, fn, args=(), deadline_s: float | None = None) -> list:
         """``fn(ctx, *args)`` on every rank behind the emulated link; the results by rank (JSON round trip)."""

@@ -41,7 +41,7 @@ from harness.launch.allocator import trim_heap
 from harness.launch.faults import inject_fault
 from harness.launch.spawn import RankContext
 from harness.workloads import memory
-from harness.workloads.breakdown import NS_PER_MS, Breakdown  # noqa: F401
+from harness.workloads.breakdown import Breakdown
 from harness.workloads.models import compute_loss, input_spec, make_inputs, seeded_model
 from harness.workloads.phases import ms, stamp
 from harness.workloads.systems import Trainer, build, state_tensors

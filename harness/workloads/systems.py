@@ -38,7 +38,7 @@ from ddp_impl import DistributedDataParallel, RoundRobinProcessGroup
 from ddp_impl.comm_hooks import resolve
 from ddp_impl.options import DEFAULT_BUCKET_CAP_MB, MIB, DDPOptions
 from harness.launch.spawn import RankContext
-from harness.workloads.blocks import Checkpointed, blocks, checkpoint_blocks  # noqa: F401
+from harness.workloads.blocks import blocks, checkpoint_blocks
 from harness.workloads.thread_replicas import ThreadReplicas
 
 DDP_IMPLS = ("ours", "torch")
@@ -46,31 +46,29 @@ ZERO_IMPLS = ("zero1", "fsdp", "fsdp_keep", "deepspeed1", "deepspeed2", "deepspe
 IMPLS = ("local", *DDP_IMPLS, *ZERO_IMPLS, "threads")
 
 
-def wrap(
-    model: nn.Module, impl: str, ctx: RankContext, options: DDPOptions = DDPOptions(), round_robin_groups: int = 1
-) -> nn.Module:
+def wrap(model: nn.Module, impl: str, ctx: RankContext, options: DDPOptions, round_robin_groups: int = 1) -> nn.Module:
     """``model`` in torch's DDP (``impl="torch"``), ours (``"ours"``) or as is (``"local"``), on the rank's
     group: one construction for the sweeps and the bench, so both measure the same DDPs. Ours takes ``options``
     whole; torch's DDP takes the cap, the view, the hook and ``init_sync`` (it always overlaps, and its timing is
     its own logger). ``round_robin_groups > 1`` gives ours that many process groups used in turn."""
     if impl == "local":
         return model
-    if impl == "ours":
-        group = ctx.group
-        if round_robin_groups > 1:
-            group = RoundRobinProcessGroup.new(round_robin_groups, timeout=datetime.timedelta(seconds=ctx.timeout_s))
-        return DistributedDataParallel(model, process_group=group, **options.kwargs())
-    ddp = torch.nn.parallel.DistributedDataParallel(
-        model,
-        device_ids=[ctx.device.index] if ctx.device.type == "cuda" else None,
-        process_group=ctx.group,
-        bucket_cap_mb=options.bucket_cap_mb,
-        gradient_as_bucket_view=options.gradient_as_bucket_view,
-        init_sync=options.init_sync,
-    )
-    if options.comm_hook:  # torch's own hook by ddp_impl's short name
-        ddp.register_comm_hook(ddp.process_group, resolve(options.comm_hook))
-    return ddp
+    if impl == "torch":
+        ddp = torch.nn.parallel.DistributedDataParallel(
+            model,
+            device_ids=[ctx.device.index] if ctx.device.type == "cuda" else None,
+            process_group=ctx.group,
+            bucket_cap_mb=options.bucket_cap_mb,
+            gradient_as_bucket_view=options.gradient_as_bucket_view,
+            init_sync=options.init_sync,
+        )
+        if options.comm_hook:  # torch's own hook by ddp_impl's short name
+            ddp.register_comm_hook(ddp.process_group, resolve(options.comm_hook))
+        return ddp
+    group = ctx.group
+    if round_robin_groups > 1:
+        group = RoundRobinProcessGroup.new(round_robin_groups, timeout=datetime.timedelta(seconds=ctx.timeout_s))
+    return DistributedDataParallel(model, process_group=group, **options.kwargs())
 
 
 def same_on_every_rank(model: nn.Module, ctx: RankContext) -> bool:
@@ -123,7 +121,8 @@ def build(
     round_robin_groups: int = 1,
 ) -> Trainer:
     """``model`` (the same weights on every rank) made into ``impl``'s trainer on the rank's group. ``ddp`` goes
-    to :func:`wrap` for ours and torch's DDP (ZeRO-1 included), and its cap to DeepSpeed's reduce/gather buckets."""
+    to :func:`wrap` for ours and torch's DDP (ZeRO-1 included), and its cap to DeepSpeed's reduce/gather buckets;
+    its ``init_sync`` is decided here: a DDP broadcasts the model at construction only where ranks' weights differ."""
     if checkpointing:
         checkpoint_blocks(model)
     if impl in ("torch", "ours", "zero1"):

@@ -9,16 +9,11 @@ from __future__ import annotations
 
 import functools
 
-from .cluster_types import HIGH, LOW, MID, Assumption, Cluster, Compute, Device, HostOverhead  # noqa: F401
+from .cluster_types import Assumption, Cluster, Compute, Device, HostOverhead
 from .comm import AlphaBeta, TwoTier
 
-# the H100's measurements: its profile shapes the H100 cluster, its DDP rows every cluster's host overhead (all
-# still importable from here)
-from .h100_measured import (  # noqa: F401
-    H100_DDP,
-    H100_DDP_CHECK,
-    HOST_CALIBRATION_MODEL,
-    STORED_PROFILE,
+# the H100's measurements: its profile shapes the H100 cluster, its DDP rows every cluster's host overhead
+from .h100_measured import (
     _stored_profiles,
     fit_host_overhead,
 )

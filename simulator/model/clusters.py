@@ -33,32 +33,13 @@ from dataclasses import asdict, dataclass
 from ddp_impl.options import DEFAULT_BUCKET_CAP_MB
 
 from .calibration import VERSION, Calibration
-
-# re-exported: what the figures and tests read from here
-from .cluster_data import (  # noqa: F401
-    CLUSTERS,
-    H100_DDP,
-    HIGH,
-    LOW,
-    MID,
-    PAPER_OVERLAP_GPUS,
-    PAPER_OVERLAP_SPEEDUP,
-    PUBLISHED_SCALING,
-    Assumption,
-    Cluster,
-    fit_host_overhead,
-)
-from .flop_profiles import (  # noqa: F401
-    STORED_FLOPS,
-    FlopCounter,
-    FlopProfile,
-    flop_profile,
-    paper_batch,
-    save_flop_profiles,
-)
+from .cluster_data import CLUSTERS, PAPER_OVERLAP_GPUS
+from .cluster_types import HIGH, LOW, MID, Cluster
+from .flop_profiles import FlopCounter, flop_profile, paper_batch
+from .h100_measured import H100_DDP
 from .iteration import ComputeProfile
 from .scenario import Scenario, predict
-from .shapes import Shape, flop_shape, measured_shape  # noqa: F401
+from .shapes import flop_shape, measured_shape
 
 
 @dataclass(frozen=True)
@@ -76,14 +57,14 @@ CORNERS = tuple(Corner(c, b, h) for c in (LOW, HIGH) for b in (LOW, HIGH) for h 
 
 
 def host_check(
-    model: str = "bert-base", cluster_name: str = "h100-class", measured: dict = H100_DDP
+    model: str = "bert-base", cluster_name: str = "h100-class", measured: dict = H100_DDP, count=None
 ) -> dict[int, tuple[float, float]]:
     """Validation of the host overhead on measurements that did not calibrate it (another model, or another run:
     ``measured=H100_DDP_CHECK``): per cap, (predicted, measured) ms of torch's DDP on one H100, the prediction being
-    the measured no-DDP time plus what the model adds for DDP."""
+    the measured no-DDP time plus what the model adds for DDP; ``count``: as :func:`flop_profile`'s."""
     out = {}
     for cap, (alone, ddp) in measured[model].items():
-        cal = cluster_calibration(cluster_name, model, "nccl", 1)
+        cal = cluster_calibration(cluster_name, model, "nccl", 1, count=count)
         added = (
             predict(cal, Scenario(bucket_cap_mb=cap))["predicted_ms"]
             - cal.profile.forward_ms

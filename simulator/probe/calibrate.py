@@ -51,7 +51,7 @@ from ..model.calibration import VERSION, Calibration
 from ..model.comm import AlphaBeta, concurrent_calls, fit_link
 from ..model.iteration import ComputeProfile
 from . import stand_in
-from .call_fit import FIT_ROUNDS, fit_calls, latency_from_calls, latency_share_from_calls  # noqa: F401
+from .call_fit import fit_calls
 from .rank import compute_rank, median, probe_rank
 
 STORED_LINK_RATE_TOLERANCE = 0.01  # make fig2's calls stand in for the probe's on a link rate within 1% of the point's

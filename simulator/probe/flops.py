@@ -1,6 +1,6 @@
 """Counting one iteration's FLOPs of a harness model, for a named cluster's compute where no profile measured it.
 
-The model part prices compute from :data:`~simulator.model.clusters.STORED_FLOPS` (the figures' models, counted
+The model part prices compute from :data:`~simulator.model.flop_profiles.STORED_FLOPS` (the figures' models, counted
 with this torch) and refuses a model it lacks: counting builds the model, and the model part imports nothing of the
 harness. Here it is counted (:func:`count_flops`, ~12 s a model), stored (:func:`store_flop_profiles`, after a torch
 or model change), or counted where needed for a cluster's calibration (:func:`counted_cluster_calibration`, what
@@ -15,7 +15,8 @@ from ddp_impl.reducer import hook_accumulators
 from harness.workloads.models import InputSpec, build_model, compute_loss, input_spec, make_inputs
 
 from ..model.calibration import Calibration
-from ..model.clusters import MIDDLE, Cluster, Corner, FlopProfile, cluster_calibration, save_flop_profiles
+from ..model.clusters import MIDDLE, Cluster, Corner, cluster_calibration
+from ..model.flop_profiles import FlopProfile, save_flop_profiles
 
 
 def count_flops(model: str) -> FlopProfile:
@@ -54,8 +55,8 @@ def count_flops(model: str) -> FlopProfile:
 
 
 def store_flop_profiles(models=("resnet50", "bert-base")) -> None:
-    """Write :data:`~simulator.model.clusters.STORED_FLOPS` for ``models`` (``python -c "import simulator.probe.flops
-    as f; f.store_flop_profiles()"`` after a torch or model change)."""
+    """Write :data:`~simulator.model.flop_profiles.STORED_FLOPS` for ``models`` (``python -c "import
+    simulator.probe.flops as f; f.store_flop_profiles()"`` after a torch or model change)."""
     save_flop_profiles({m: count_flops(m) for m in models})
 
 

@@ -7,22 +7,22 @@ from pathlib import Path
 import pytest
 import torch
 
+from simulator.model.cluster_data import PAPER_OVERLAP_SPEEDUP
+from simulator.model.cluster_types import Assumption
 from simulator.model.clusters import (
     CLUSTERS,
     LOW,
-    PAPER_OVERLAP_SPEEDUP,
-    STORED_FLOPS,
-    Assumption,
     Corner,
     band,
     cluster_calibration,
-    fit_host_overhead,
     flop_profile,
     host_check,
     measured_shape,
     overlap_speedup,
     predicted_ms,
 )
+from simulator.model.flop_profiles import STORED_FLOPS
+from simulator.model.h100_measured import fit_host_overhead
 from simulator.model.iteration import ComputeProfile, buckets_for
 from simulator.model.scenario import Scenario, predict, with_host_overhead
 from simulator.probe.flops import count_flops, counted_cluster_calibration
@@ -136,7 +136,7 @@ def test_host_overhead_from_resnet50_on_one_h100_predicts_bert_base_there_within
 
 def test_the_h100_host_overhead_predicts_a_second_runs_torch_ddp_within_10_percent():
     """Another H100 a day later (make gpu-check's bench), neither model's rows used by the fit: -4% to +7%."""
-    from simulator.model.cluster_data import H100_DDP_CHECK
+    from simulator.model.h100_measured import H100_DDP_CHECK
 
     for model in ("resnet50", "bert-base"):
         for cap, (predicted, measured) in host_check(model, measured=H100_DDP_CHECK).items():

@@ -8,7 +8,7 @@ import torch
 
 from ddp_impl.buckets import MIB, ParamSpec, assign_buckets
 from simulator import AlphaBeta, ComputeProfile, TwoTier, buckets_for, fit_ring, simulate
-from simulator.probe.calibrate import fit_calls, latency_from_calls, latency_share_from_calls
+from simulator.probe.call_fit import fit_calls, latency_from_calls, latency_share_from_calls
 
 # p = 2: a call costs 2(p-1)*alpha + 2(p-1)/p * n * beta = 2*0.5 + 1 * 400 * 0.01 = 1 ms latency + 4 ms of bytes
 COMM = AlphaBeta(alpha_ms=0.5, beta_ms_per_byte=0.01)
