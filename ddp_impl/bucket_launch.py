@@ -30,7 +30,7 @@ class BucketLaunch:
             timing.bucket_launch[b] = timing.clock.stamp()
         traced = timing is not None and timing.bucket_done is not None
         if self.comm_hook is None and not traced:  # the collective's own work: in place, no future to build
-            self._futures[b] = self._group_for(b).allreduce([self.flats[b]], SUM)
+            self._futures[b] = self._bucket_groups[b].allreduce([self.flats[b]], SUM)
             return
         self._futures[b] = self._reduce(b, self.flats[b], self._bucket_views[b])
         if traced:
@@ -38,7 +38,7 @@ class BucketLaunch:
 
     def _reduce(self, b: int, flat: torch.Tensor, views: list[torch.Tensor]) -> torch.futures.Future:
         if self.comm_hook is None:  # in place on the ProcessGroup itself, as torch's C++ reducer does
-            return self._group_for(b).allreduce([flat], SUM).get_future()
+            return self._bucket_groups[b].allreduce([flat], SUM).get_future()
         state = self.comm_state
         if isinstance(state, RoundRobinProcessGroup):
             state = state.group_for(b)

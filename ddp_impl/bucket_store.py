@@ -53,12 +53,9 @@ class BucketStore:
         for d in self._deferred:
             if len(d) == 1:
                 self._alone[d[0]] = True
-        self._bucket_groups = [self._group_for(b.index) for b in buckets]
-
-    def _group_for(self, bucket_index: int):
-        if isinstance(self.group, RoundRobinProcessGroup):
-            return self.group.group_for(bucket_index)
-        return self.group
+        group = self.group  # each bucket's own, looked up once here rather than at every launch
+        round_robin = isinstance(group, RoundRobinProcessGroup)
+        self._bucket_groups = [group.group_for(b.index) if round_robin else group for b in buckets]
 
     @property
     def primary_group(self):
