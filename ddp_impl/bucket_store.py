@@ -21,6 +21,8 @@ EAGER_COPY_NUMEL = 1 << 16
 class BucketStore:
     """The reducer's storage: ``flats``, ``views``, the per-bucket lists the hot path indexes, and their filling."""
 
+    layout_order: list[int] | None = None  # the gradient order the buckets follow once rebuilt (None: reverse)
+
     def _build(self, buckets: list[Bucket]) -> None:
         """Allocate one flat tensor per bucket and a view of it per parameter."""
         self.buckets = buckets
@@ -76,10 +78,17 @@ class BucketStore:
         device = self.params[0].device if self.params[0].device.type == "cuda" else torch.device("cpu")
         order_t = torch.tensor(order, dtype=torch.int64, device=device)
         dist.broadcast(order_t, src=dist.get_global_rank(self.primary_group, 0), group=self.primary_group)
+        self.layout_order = order_t.tolist()
+        self.relayout(self.cap_bytes, self.first_cap_bytes)
+
+    def relayout(self, cap_bytes: int | list[int], first_cap_bytes: int) -> None:
+        """Lay the buckets out again at these caps, in ``layout_order``; between iterations only, and with no message:
+        every rank calls it at the same iteration (``bucket_cap_mb="auto"``)."""
+        self.cap_bytes, self.first_cap_bytes = cap_bytes, first_cap_bytes
         old_views = self.views
         if not self.as_view:  # nothing lives in the old buckets between iterations: free them first (like torch)
             old_views = self.views = self.flats = self._bucket_views = self._deferred_views = self._deferred_runs = None  # type: ignore
-        self._build(assign_buckets(self.specs, self.cap_bytes, self.first_cap_bytes, order_t.tolist()))
+        self._build(assign_buckets(self.specs, cap_bytes, first_cap_bytes, self.layout_order))
         if self.as_view:  # .grad still points into the old buckets: move it into the new ones
             for p, old, new in zip(self.params, old_views, self.views):
                 if p.grad is not None and p.grad.data_ptr() == old.data_ptr():

@@ -24,7 +24,7 @@ import torch.distributed as dist
 from torch import nn
 from torch.distributed.algorithms.join import Joinable
 
-from . import join, lifetime
+from . import autotune, join, lifetime
 from .broadcast import BROADCAST_CHUNK_BYTES, broadcast_coalesced
 from .buckets import mb_to_bytes
 from .comm_hooks import resolve
@@ -44,7 +44,8 @@ class DistributedDataParallel(lifetime.Picklable, nn.Module, join.JoinableDDP):
         process_group: the group to reduce over (default: the default group), or a
             :class:`RoundRobinProcessGroup` whose groups take the buckets in turn.
         bucket_cap_mb: cap of a gradient bucket in MiB, as torch's; 0 gives one bucket per parameter. Left at
-            ``None``: 25 MiB, with a first bucket of 1 MiB.
+            ``None``: 25 MiB, with a first bucket of 1 MiB. ``"auto"``: found during the first iterations
+            (``ddp_impl.autotune``; at most 30), then :attr:`autotune_result` says which and why.
         first_bucket_cap_mb: cap of the first bucket (the first gradients ready); default 1 MiB with the default
             cap, else ``bucket_cap_mb``, as torch 2.x.
         find_unused_parameters: after each forward, walk the autograd graph from the output to find the
@@ -65,6 +66,8 @@ class DistributedDataParallel(lifetime.Picklable, nn.Module, join.JoinableDDP):
         forward_sync_buffers: broadcast rank 0's buffers before each synchronized forward (default ``True``).
         init_sync: check that every rank holds the same parameters and broadcast rank 0's parameters and buffers.
         bucket_cap_mb_list: one cap per bucket instead (torch 2.14), the last repeating.
+        autotune_prior_mb: with ``bucket_cap_mb="auto"``, caps ordered by predicted latency, best first (e.g. the
+            suite's simulator's): its first two are raced against the default instead of a coarse-to-fine search.
 
     Note:
         Inside :meth:`no_sync` nothing is communicated: gradients accumulate, and the next synchronized backward
@@ -84,7 +87,7 @@ class DistributedDataParallel(lifetime.Picklable, nn.Module, join.JoinableDDP):
         self,
         module: nn.Module,
         process_group=None,
-        bucket_cap_mb: float | None = None,
+        bucket_cap_mb: float | str | None = None,
         first_bucket_cap_mb: float | None = None,
         find_unused_parameters: bool = False,
         broadcast_buffers: bool | None = None,
@@ -97,20 +100,20 @@ class DistributedDataParallel(lifetime.Picklable, nn.Module, join.JoinableDDP):
         forward_sync_buffers: bool | None = None,
         init_sync: bool = True,
         bucket_cap_mb_list: Sequence[float] | None = None,
+        autotune_prior_mb: Sequence[float] | None = None,
     ):
         super().__init__()
         Joinable.__init__(self)  # _join_config: disabled until a Join context enables it
-        cap, first_cap = caps_bytes(bucket_cap_mb, first_bucket_cap_mb)
-        self.bucket_bytes_cap_list = [mb_to_bytes(mb) for mb in bucket_cap_mb_list or ()]  # torch's attribute
+        tune = autotune.requested(bucket_cap_mb, first_bucket_cap_mb, bucket_cap_mb_list, comm_hook)
+        cap, first_cap = caps_bytes(None if tune else bucket_cap_mb, first_bucket_cap_mb)
         comm_hook = resolve(comm_hook) if comm_hook is not None else None
         check_arguments(timing)
         self.module, self.timing = module, timing
-        self.process_group = process_group if process_group is not None else dist.group.WORLD
-        group = self.process_group
+        self.process_group = group = process_group if process_group is not None else dist.group.WORLD
         self._primary = group.primary if isinstance(group, RoundRobinProcessGroup) else group
         self.world_size = dist.get_world_size(self._primary)
         self.forward_sync_buffers, init_sync_buffers = buffer_sync(broadcast_buffers, forward_sync_buffers)
-        self._torch_attributes(find_unused_parameters, static_graph)
+        self._torch_attributes(find_unused_parameters, static_graph, bucket_cap_mb_list)
         device = check_devices(module, dist.get_backend(self._primary))
         if init_sync:  # False: the user vouches that every rank already holds the same model (as torch)
             sync_at_construction(module, self._primary, self.world_size, device, init_sync_buffers)
@@ -125,13 +128,15 @@ class DistributedDataParallel(lifetime.Picklable, nn.Module, join.JoinableDDP):
             rebuild_buckets=rebuild_buckets,
         )
         self.reducer = self._make_reducer()
+        autotune.attach(self, tune, autotune_prior_mb)
         self._comm_hook = None
         if comm_hook is not None:  # the default group as None, so the model stays picklable (as torch's hooks)
             self.register_comm_hook(None if self.process_group is dist.group.WORLD else self.process_group, comm_hook)
         lifetime.track(self)
 
-    def _torch_attributes(self, find_unused_parameters: bool, static_graph: bool) -> None:
+    def _torch_attributes(self, find_unused_parameters: bool, static_graph: bool, caps_mb: Sequence[float] | None):
         """torch's DDP's public attributes, same meanings, and the state the forward keeps between iterations."""
+        self.bucket_bytes_cap_list = [mb_to_bytes(mb) for mb in caps_mb or ()]
         self.broadcast_bucket_size = BROADCAST_CHUNK_BYTES
         self.parameters_to_ignore: set[str] = set()  # ignoring is not supported
         self.find_unused_parameters, self.static_graph = find_unused_parameters, static_graph
@@ -194,6 +199,8 @@ class DistributedDataParallel(lifetime.Picklable, nn.Module, join.JoinableDDP):
         if self._comm_hook is not None:
             raise RuntimeError("register_comm_hook can only be called once per DistributedDataParallel model")
         hook = resolve(hook)
+        if self._tuner is not None:
+            autotune.refuse_untunable(None, None, hook)
         self._comm_hook = (hook, state)
         self.reducer.comm_hook, self.reducer.comm_state = hook, state
 
@@ -232,6 +239,8 @@ class DistributedDataParallel(lifetime.Picklable, nn.Module, join.JoinableDDP):
             join.announce(self, sync)
         if sync:
             reducer.rebuild_if_pending()
+            if self._tuner is not None:
+                autotune.step(self)
         timing = (
             IterationTiming(self._clock, len(reducer.buckets), trace=self.timing == "trace")
             if sync and self.timing

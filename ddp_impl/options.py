@@ -22,7 +22,7 @@ class DDPOptions:
 
     Args:
         bucket_cap_mb: cap of a gradient bucket in MiB; 0 gives one bucket per parameter. ``None``: torch's
-            default, 25 MiB with a first bucket of 1 MiB.
+            default, 25 MiB with a first bucket of 1 MiB. ``"auto"``: found while training (``ddp_impl.autotune``).
         first_bucket_cap_mb: cap of the first bucket (the first gradients ready); ``None``: 1 MiB with the default
             cap, else ``bucket_cap_mb``.
         bucket_cap_mb_list: one cap per bucket instead, the last repeating (torch 2.14).
@@ -38,9 +38,10 @@ class DDPOptions:
         broadcast_buffers: deprecated; ``False`` stops every buffer broadcast.
         forward_sync_buffers: broadcast rank 0's buffers before each synchronized forward (default ``True``).
         init_sync: check and broadcast the parameters at construction.
+        autotune_prior_mb: with ``"auto"``, caps ordered by predicted latency, best first; ``None``: coarse-to-fine.
     """
 
-    bucket_cap_mb: float | None = None
+    bucket_cap_mb: float | str | None = None
     first_bucket_cap_mb: float | None = None
     bucket_cap_mb_list: Sequence[float] | None = None
     find_unused_parameters: bool = False
@@ -53,6 +54,7 @@ class DDPOptions:
     broadcast_buffers: bool | None = None
     forward_sync_buffers: bool | None = None
     init_sync: bool = True
+    autotune_prior_mb: Sequence[float] | None = None
 
     def kwargs(self) -> dict:
         """The keyword arguments of ``DistributedDataParallel`` these options stand for."""

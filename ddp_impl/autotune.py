@@ -1,0 +1,93 @@
+"""``bucket_cap_mb="auto"`` on the DDP: what it refuses, the allreduce that makes every rank agree on each trial's
+time, and the step each synchronized forward takes while the search (``cap_search``) runs."""
+
+from __future__ import annotations
+
+import time
+from typing import Sequence
+
+import torch
+import torch.distributed as dist
+
+from .cap_search import AutoTuner
+from .comm_hooks import ALIASES, resolve
+from .construction import caps_bytes
+from .options import DEFAULT_BUCKET_CAP_MB
+
+AUTO = "auto"
+STATELESS_HOOKS = set(ALIASES.values())  # torch's hooks that keep nothing per bucket: they survive a relayout
+
+
+def requested(bucket_cap_mb, first_bucket_cap_mb, bucket_cap_mb_list, comm_hook) -> bool:
+    """Whether the constructor's arguments ask for tuning; refused in one line where they cannot tune."""
+    if bucket_cap_mb != AUTO:
+        return False
+    refuse_untunable(first_bucket_cap_mb, bucket_cap_mb_list, resolve(comm_hook) if comm_hook is not None else None)
+    return True
+
+
+def attach(ddp, tune: bool, prior_mb: Sequence[float] | None) -> None:
+    """The DDP's tuning state: the tuner while it searches, and the log and result it leaves (empty and None with a
+    fixed cap). The log lists every trial: iteration, stage, round, cap_mb, ms agreed by every rank; the result,
+    once settled: cap_mb, reason, iterations, settled_ms."""
+    ddp._tuner = tuner_for(ddp, prior_mb) if tune else None
+    ddp._cap_mb_now = DEFAULT_BUCKET_CAP_MB
+    ddp.autotune_log = ddp._tuner.log if tune else []
+    ddp.autotune_result = None
+
+
+def refuse_untunable(first_bucket_cap_mb, bucket_cap_mb_list, comm_hook) -> None:
+    """What ``bucket_cap_mb="auto"`` cannot be combined with, refused at construction in one line."""
+    if first_bucket_cap_mb is not None or bucket_cap_mb_list:
+        raise ValueError(
+            "bucket_cap_mb='auto' chooses every bucket's cap: leave first_bucket_cap_mb and bucket_cap_mb_list unset"
+        )
+    if comm_hook is not None and comm_hook not in STATELESS_HOOKS:
+        raise ValueError(
+            "bucket_cap_mb='auto' lays the buckets out anew while it tunes, which a comm hook keeping state per "
+            "bucket (such as PowerSGD) cannot follow: use a fixed cap, or torch's 'allreduce', 'fp16' or 'bf16' hook"
+        )
+
+
+def caps_for(cap_mb: float) -> tuple[int, int]:
+    """(cap, first bucket's cap) in bytes of a candidate: the default is torch's whole default layout."""
+    return caps_bytes(None if cap_mb == DEFAULT_BUCKET_CAP_MB else cap_mb, None)
+
+
+def tuner_for(ddp, prior_mb: Sequence[float] | None) -> AutoTuner:
+    group, device = ddp._primary, ddp.reducer.params[0].device
+
+    def agree(ms: list[float]) -> list[float]:  # every rank takes the slowest rank's time of each trial
+        times = torch.tensor(ms, dtype=torch.float64, device=device)
+        dist.all_reduce(times, op=dist.ReduceOp.MAX, group=group)
+        return times.tolist()
+
+    model_bytes = sum(s.nbytes for s in ddp.reducer.specs)
+    return AutoTuner(model_bytes, agree, prior_mb)
+
+
+def step(ddp) -> None:
+    """At a synchronized forward of a DDP still tuning: the tuner's step, the layout it asks for, and once settled
+    the tuner dropped (with its log and result left on the DDP)."""
+    tuner, reducer = ddp._tuner, ddp.reducer
+    cuda = reducer.params[0].device.type == "cuda"
+    if ddp._join_config.enable:  # a joined rank shadows the collectives of one layout: stop where every rank is
+        tuner.stop("stopped by a join context")
+        cap = tuner.result["cap_mb"]
+    else:
+        cap = tuner.on_forward(_now_ms(cuda))
+    if cap is not None and cap != ddp._cap_mb_now:
+        reducer.relayout(*caps_for(cap))
+        ddp._cap_mb_now = cap
+    if tuner.result is None:
+        tuner.trial_started(_now_ms(cuda))
+        return
+    ddp._tuner, ddp.autotune_result = None, tuner.result
+    cap_bytes, first = caps_for(tuner.result["cap_mb"])
+    ddp._reducer_args.update(cap_bytes=cap_bytes, first_cap_bytes=first)  # an unpickled copy starts settled
+
+
+def _now_ms(cuda: bool) -> float:
+    if cuda:  # the GPU's work of the trial belongs to it: wait for it (only while tuning)
+        torch.cuda.synchronize()
+    return time.perf_counter() * 1e3

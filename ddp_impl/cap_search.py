@@ -1,0 +1,231 @@
+"""``bucket_cap_mb="auto"``'s search: the DDP finds its bucket cap during the first iterations of training.
+
+The paper finds that the cap decides up to 2x of an iteration and that the best one depends on the model and the
+network; torch's DDP leaves it at 25 MiB. Ours measures instead:
+
+1. The first ``WARMUP_ITERS`` synchronized iterations run at the default cap (the first records the gradient order,
+   the second is the first on the rebuilt buckets); they are not measured.
+2. Then each synchronized iteration is a trial of one candidate cap: the buckets are laid out again (in the observed
+   gradient order, between iterations, with no communication) and the time from this forward to the next
+   synchronized one is taken. A round tries every candidate still in the race once, in an order rotated each round,
+   so that load drifting over the machine moves every candidate alike (paired rounds, as the suite measures).
+3. At the end of a round one small allreduce takes, per trial, the slowest rank's time: every rank then holds the
+   same numbers, so every rank makes the same decisions without a further message.
+4. After ``MIN_ROUNDS`` rounds a candidate leaves the race when the percentile-bootstrap interval of its median over
+   the leader's (pairs resampled together, the suite's paired statistics) lies above 1. A stage ends when one
+   candidate is left, after ``MAX_ROUNDS`` rounds, or when the budget of iterations would be passed.
+5. Without a prior the search is coarse-to-fine: a coarse stage over :data:`COARSE_MB`, then a fine stage between
+   the leader and its coarse neighbours. A prior (caps ordered by a model's predicted latency, best first, e.g. the
+   suite's simulator calibrated on this machine) replaces both with one stage over its first caps.
+6. The default cap runs in every stage as the control. The leader is chosen only when it is resolved faster than
+   the default; otherwise the cap stays at the default. The trials, the choice and its reason are in ``log`` and
+   ``result``. Once settled the tuner is dropped: no cost per iteration remains.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Callable, Sequence
+
+import torch
+
+from .options import DEFAULT_BUCKET_CAP_MB, MIB
+
+COARSE_MB = (1.0, 5.0, float(DEFAULT_BUCKET_CAP_MB), 100.0)  # fig7's sweep without its extremes
+WARMUP_ITERS = 2
+MIN_ROUNDS, MAX_ROUNDS = 3, 4
+BUDGET_ITERS = 30  # settled by this synchronized iteration, warm-up included
+PRIOR_CAPS = 2  # a prior's best-predicted caps tried, beside the default
+N_BOOT, LEVEL = 2000, 0.95
+
+
+def ratio_interval(a: Sequence[float], b: Sequence[float], seed: int = 0) -> tuple[float, float]:
+    """Percentile-bootstrap interval of median(a) / median(b) over paired samples (pairs resampled together).
+    Seeded: every rank computes the same interval from the same agreed times."""
+    a_t, b_t = torch.tensor(a, dtype=torch.float64), torch.tensor(b, dtype=torch.float64)
+    gen = torch.Generator().manual_seed(seed)
+    idx = torch.randint(len(a), (N_BOOT, len(a)), generator=gen)
+    ratios = a_t[idx].quantile(0.5, dim=1) / b_t[idx].quantile(0.5, dim=1)
+    tail = (1 - LEVEL) / 2
+    lo, hi = torch.quantile(ratios, torch.tensor([tail, 1 - tail], dtype=torch.float64)).tolist()
+    return lo, hi
+
+
+def _median(x: Sequence[float]) -> float:
+    return float(torch.tensor(x, dtype=torch.float64).quantile(0.5))
+
+
+def distinct_caps(caps_mb: Sequence[float], model_bytes: int) -> list[float]:
+    """``caps_mb`` sorted, without repeats and without caps that lay out the same buckets: every cap at or above the
+    model's gradient bytes gives one bucket, so of those only the default (else the smallest) is kept."""
+    caps = sorted({float(c) for c in caps_mb})
+    below = [c for c in caps if c * MIB < model_bytes]
+    above = [c for c in caps if c * MIB >= model_bytes]
+    return below + ([float(DEFAULT_BUCKET_CAP_MB)] if DEFAULT_BUCKET_CAP_MB in above else above[:1])
+
+
+@dataclass
+class Stage:
+    """One race: the candidates still in it and every candidate's agreed time per round (ms)."""
+
+    name: str
+    candidates: list[float]
+    times: dict[float, list[float]]
+    rounds: int = 0
+    max_rounds: int = MAX_ROUNDS
+
+    def order(self) -> list[float]:
+        """This round's trial order, rotated each round."""
+        k = self.rounds % len(self.candidates)
+        return self.candidates[k:] + self.candidates[:k]
+
+    def median(self, cap: float) -> float:
+        return _median(self.times[cap])
+
+    def leader(self) -> float:
+        return min(self.candidates, key=self.median)
+
+    def versus(self, cap: float, other: float) -> tuple[float, float, float]:
+        """(ratio of medians, lo, hi) of ``cap`` over ``other`` over the rounds both ran (a candidate that left the
+        race ran the first ones)."""
+        n = min(len(self.times[cap]), len(self.times[other]))
+        a, b = self.times[cap][:n], self.times[other][:n]
+        return (_median(a) / _median(b), *ratio_interval(a, b))
+
+
+class AutoTuner:
+    """The search of the module docstring. Call :meth:`on_forward` at every synchronized forward with the host clock
+    in ms; it returns the cap to lay the buckets out at now, or None to keep the current layout.
+
+    Args:
+        model_bytes: the gradients' bytes (caps at or above it give one bucket).
+        prior_mb: caps ordered by predicted latency, best first; ``None``: coarse-to-fine.
+        agree: turns this rank's trial times of a round into the times every rank agrees on (an allreduce taking
+            the maximum); the identity on one process.
+        budget: settled by this synchronized iteration, warm-up included.
+    """
+
+    def __init__(
+        self,
+        model_bytes: int,
+        agree: Callable[[list[float]], list[float]],
+        prior_mb: Sequence[float] | None = None,
+        budget: int = BUDGET_ITERS,
+    ):
+        self.model_bytes, self.agree, self.budget = model_bytes, agree, budget
+        self.prior = None if prior_mb is None else [float(c) for c in prior_mb]
+        self.iteration = 0  # synchronized forwards seen
+        self.log: list[dict] = []  # every trial: iteration, stage, round, cap_mb, ms
+        self.result: dict | None = None  # once settled: cap_mb, reason, iterations, settled_ms
+        self.stage: Stage | None = None
+        self._round: list[float] = []  # this round's caps, in trial order
+        self._round_ms: list[float] = []
+        self._trial_start: float | None = None
+        self._coarse: list[float] = []
+
+    # ---- the per-iteration step ----------------------------------------------------------------------
+    def on_forward(self, now_ms: float) -> float | None:
+        """Called at each synchronized forward: ends the running trial, closes a finished round, and returns the cap
+        of the trial starting now (or the settled cap, once :attr:`result` is set); None keeps the layout."""
+        self.iteration += 1
+        if self._trial_start is not None:
+            self._round_ms.append(now_ms - self._trial_start)
+            self._trial_start = None
+        if self.iteration <= WARMUP_ITERS:
+            return None
+        if self.stage is None:
+            self._begin(*self._first_stage())
+        elif len(self._round_ms) == len(self._round):
+            self._close_round()
+        if self.result is not None:
+            return self.result["cap_mb"]
+        return self._round[len(self._round_ms)]
+
+    def trial_started(self, now_ms: float) -> None:
+        """The layout for the trial is in place: its time runs from now (a relayout's cost is not the cap's)."""
+        self._trial_start = now_ms
+
+    # ---- stages and rounds ------------------------------------------------------------------------------
+    def _first_stage(self) -> tuple[str, list[float]]:
+        if self.prior is not None:
+            return "prior", distinct_caps([*self.prior[:PRIOR_CAPS], DEFAULT_BUCKET_CAP_MB], self.model_bytes)
+        self._coarse = distinct_caps(COARSE_MB, self.model_bytes)
+        return "coarse", self._coarse
+
+    def _begin(self, name: str, candidates: list[float]) -> None:
+        left = self.budget - self.iteration  # trials that fit before the settled cap's first iteration
+        rounds = left // max(len(candidates), 1)
+        if name != "prior":
+            rounds = min(rounds, MAX_ROUNDS)
+        if len(candidates) < 2 or rounds < MIN_ROUNDS:
+            self._settle(self.stage, "too few iterations left to resolve another stage" if self.stage else None)
+            return
+        self.stage = Stage(name, list(candidates), {c: [] for c in candidates}, max_rounds=rounds)
+        self._next_round()
+
+    def _next_round(self) -> None:
+        self._round, self._round_ms = self.stage.order(), []
+
+    def _close_round(self) -> None:
+        stage = self.stage
+        agreed = self.agree(self._round_ms)
+        first = self.iteration - len(self._round)  # the iteration of the round's first trial
+        for j, (cap, ms) in enumerate(zip(self._round, agreed)):
+            stage.times[cap].append(ms)
+            self.log.append(dict(iteration=first + j, stage=stage.name, round=stage.rounds, cap_mb=cap, ms=ms))
+        stage.rounds += 1
+        if stage.rounds >= MIN_ROUNDS:
+            self._eliminate(stage)
+        if len(stage.candidates) > 1 and stage.rounds < stage.max_rounds:
+            self._next_round()
+        elif stage.name == "coarse" and self._resolved(stage)[0] != DEFAULT_BUCKET_CAP_MB:
+            self._begin("fine", self._fine_candidates(stage))  # refine only a region resolved faster
+        else:
+            self._settle(stage, None)
+
+    def _eliminate(self, stage: Stage) -> None:
+        """Candidates resolved slower than the leader leave the race (their times stay, for the final verdict)."""
+        leader = stage.leader()
+        stage.candidates = [c for c in stage.candidates if c == leader or stage.versus(c, leader)[1] <= 1]
+
+    def _fine_candidates(self, stage: Stage) -> list[float]:
+        """The coarse leader, the geometric midpoints to its coarse neighbours, and the default as the control."""
+        leader, grid = stage.leader(), self._coarse
+        k = grid.index(leader)
+        mids = [math.sqrt(max(grid[j], 0.25) * max(leader, 0.25)) for j in (k - 1, k + 1) if 0 <= j < len(grid)]
+        return distinct_caps([leader, *[round(m, 2) for m in mids], DEFAULT_BUCKET_CAP_MB], self.model_bytes)
+
+    def _resolved(self, stage: Stage) -> tuple[float, str]:
+        """(cap, reason): the stage's leader if it is resolved faster than the default, else the default."""
+        default, leader = float(DEFAULT_BUCKET_CAP_MB), stage.leader()
+        if leader == default:
+            return default, f"the default {default:g} MiB measured fastest ({stage.name} stage)"
+        ratio, lo, hi = stage.versus(default, leader)
+        versus = f"x{ratio:.3f} [{lo:.3f}, {hi:.3f}], {stage.name} stage"
+        if lo > 1:
+            return leader, f"{leader:g} MiB resolved faster than {default:g} MiB ({versus})"
+        return (
+            default,
+            f"{leader:g} MiB led but was not resolved faster than {default:g} MiB ({versus}): kept the default",
+        )
+
+    def _settle(self, stage: Stage | None, why_stopped: str | None) -> None:
+        """Choose the leader if it is resolved faster than the default, else keep the default."""
+        if stage is None:
+            cap, reason = float(DEFAULT_BUCKET_CAP_MB), "nothing to tune: every candidate cap gives the same buckets"
+        else:
+            cap, reason = self._resolved(stage)
+        if why_stopped:
+            reason += f"; {why_stopped}"
+        settled = None if stage is None or cap not in stage.times else stage.median(cap)
+        self.result = dict(cap_mb=cap, reason=reason, iterations=self.iteration, settled_ms=settled)
+
+    def stop(self, why: str) -> None:
+        """Called at a synchronized forward instead of :meth:`on_forward`: settle now, on what the rounds so far
+        resolved (every rank stops at the same iteration); the running trial and an unfinished round are dropped."""
+        self.iteration += 1
+        stage = self.stage if self.stage is not None and self.stage.rounds else None
+        self._settle(stage, why)
+        if stage is None:
+            self.result["reason"] = f"the default {DEFAULT_BUCKET_CAP_MB:g} MiB: tuning {why} before any round"
