@@ -14,7 +14,7 @@ fig2 fig9 fig10 zero simval hostval: WS_ARG = $(if $(WORLD_SIZE),$(error WORLD_S
 	world sizes; give them as ARGS="--world_sizes=..."))
 gpu-check: WS_ARG = $(if $(WORLD_SIZE),$(error WORLD_SIZE=$(WORLD_SIZE): make gpu-check runs on every visible GPU))
 
-.PHONY: setup test lint stress clean figures plots report claims timeline bench bucket-cost gpu-check simval hostval tune zero torch-ddp-tests $(FIGURES)
+.PHONY: setup test lint stress clean figures plots report claims timeline bench bucket-cost gpu-check simval hostval tune autotune zero torch-ddp-tests $(FIGURES)
 
 setup: $(STAMP)
 
@@ -111,6 +111,10 @@ hostval: setup
 # (results/figures/tune.png); `make tune ARGS="--model=bert-base --world_size=3 --net=1gbit"`.
 tune: setup
 	$(PY) -m experiments tune $(WS_ARG) $(ARGS)
+
+# bucket_cap_mb="auto": ours finding its cap while training, beside every fixed cap (~25 min on 2 cores)
+autotune: setup
+	$(PY) -m experiments autotune $(WS_ARG) $(ARGS)
 
 # torch's own DDP tests against ours (~10 min, outside `make test`); fails if ours misses one torch passes
 TORCH_SUITE_OUT ?= /tmp/torch-ddp-tests

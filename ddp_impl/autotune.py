@@ -26,12 +26,12 @@ def requested(bucket_cap_mb, first_bucket_cap_mb, bucket_cap_mb_list, comm_hook)
     return True
 
 
-def attach(ddp, tune: bool, prior_mb: Sequence[float] | None) -> None:
-    """The DDP's tuning state: the tuner while it searches, and the log and result it leaves (empty and None with a
-    fixed cap). The log lists every trial: iteration, stage, round, cap_mb, ms agreed by every rank; the result,
-    once settled: cap_mb, reason, iterations, settled_ms."""
+def attach(ddp, bucket_cap_mb, tune: bool, prior_mb: Sequence[float] | None) -> None:
+    """The DDP's tuning state: the tuner while it searches, the cap the buckets are laid out at now, and the log and
+    result the search leaves (empty and None with a fixed cap). The log lists every trial: iteration, stage, round,
+    cap_mb, ms agreed by every rank; the result, once settled: cap_mb, reason, iterations, settled_ms."""
     ddp._tuner = tuner_for(ddp, prior_mb) if tune else None
-    ddp._cap_mb_now = DEFAULT_BUCKET_CAP_MB
+    ddp.bucket_cap_mb_now = DEFAULT_BUCKET_CAP_MB if tune or bucket_cap_mb is None else bucket_cap_mb
     ddp.autotune_log = ddp._tuner.log if tune else []
     ddp.autotune_result = None
 
@@ -76,9 +76,9 @@ def step(ddp) -> None:
         cap = tuner.result["cap_mb"]
     else:
         cap = tuner.on_forward(_now_ms(cuda))
-    if cap is not None and cap != ddp._cap_mb_now:
+    if cap is not None and cap != ddp.bucket_cap_mb_now:
         reducer.relayout(*caps_for(cap))
-        ddp._cap_mb_now = cap
+        ddp.bucket_cap_mb_now = cap
     if tuner.result is None:
         tuner.trial_started(_now_ms(cuda))
         return

@@ -128,7 +128,7 @@ class DistributedDataParallel(lifetime.Picklable, nn.Module, join.JoinableDDP):
             rebuild_buckets=rebuild_buckets,
         )
         self.reducer = self._make_reducer()
-        autotune.attach(self, tune, autotune_prior_mb)
+        autotune.attach(self, bucket_cap_mb, tune, autotune_prior_mb)
         self._comm_hook = None
         if comm_hook is not None:  # the default group as None, so the model stays picklable (as torch's hooks)
             self.register_comm_hook(None if self.process_group is dist.group.WORLD else self.process_group, comm_hook)

@@ -36,6 +36,7 @@ from harness.results import figures_dir
 
 # The tools (experiments/tools/, and paper_scale): what each measures or answers; each module has main(argv).
 TOOLS = {
+    "autotune": "experiments.tools.autotune",
     "bench": "experiments.tools.bench",
     "bucket-cost": "experiments.tools.bucket_cost",
     "gpu-check": "experiments.tools.gpu_check",

@@ -10,6 +10,7 @@ import inspect
 import io
 import textwrap
 import tokenize
+import types
 import typing
 
 _TRUE = {"1", "true", "yes", "on"}
@@ -28,8 +29,10 @@ def _parse_bool(text: str) -> bool:
 def _converter(tp):
     """A str -> value function for a field type; lists and tuples are comma-separated."""
     origin = typing.get_origin(tp)
-    if origin is typing.Union:  # Optional[X]
+    if origin in (typing.Union, types.UnionType):  # Optional[X], or X | str: X where the text is one, else the word
         args = [a for a in typing.get_args(tp) if a is not type(None)]
+        if len(args) == 2 and str in args:
+            return _or_word(_converter(next(a for a in args if a is not str)))
         return _converter(args[0])
     if origin in (list, tuple):
         (inner, *_) = typing.get_args(tp) or (str,)
@@ -41,6 +44,16 @@ def _converter(tp):
     if tp in (int, float, str):
         return tp
     raise TypeError(f"unsupported field type {tp!r} for the command line")
+
+
+def _or_word(convert):
+    def either(text: str):
+        try:
+            return convert(text)
+        except ValueError:
+            return text.strip()
+
+    return either
 
 
 _GLUE = "\u00a0"  # a space neither argparse nor textwrap breaks a line at

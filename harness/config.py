@@ -23,14 +23,16 @@ import math
 import typing
 from dataclasses import dataclass, field
 
+from ddp_impl.autotune import AUTO
 from ddp_impl.comm_hooks import ALIASES
 from ddp_impl.options import DEFAULT_BUCKET_CAP_MB, DDPOptions
 from harness.launch import env
 from harness.launch.allocator import MALLOC_ENV
 from harness.launch.backends import BACKENDS
 from harness.netem.rate import check_net
+from harness.train_checks import check_train, prior_caps
 from harness.workloads.data import DATASETS
-from harness.workloads.systems import DDP_IMPLS, IMPLS, OPTIMIZERS
+from harness.workloads.systems import IMPLS, OPTIMIZERS
 
 MODELS = ("small", "resnet50", "resnet101", "bert-base", "bert-large", "tiny-layers")
 PROFILES = ("paper", "cpu")
@@ -60,9 +62,11 @@ class TrainConfig:
     backend: str = _field("auto", choices=("auto", *BACKENDS))  # gloo | nccl | mpi | auto (nccl where CUDA is)
     world_size: int = _field(2, "positive")  # ranks (processes), one model replica each
     batch_size: int = _field(0, "non_negative")  # inputs per rank and iteration; 0 = the profile's default
-    bucket_cap_mb: float = _field(
-        float(DEFAULT_BUCKET_CAP_MB), "non_negative"
-    )  # DDP bucket cap (MiB); ignored by impl=local
+    # DDP bucket cap (MiB), or auto (ours finds it while training: ddp_impl.autotune); ignored by impl=local
+    bucket_cap_mb: float | str = _field(float(DEFAULT_BUCKET_CAP_MB), "cap")
+    # with bucket_cap_mb=auto: caps in MiB ordered by predicted latency, best first, e.g. "5,10" (the simulator's
+    # prior: its first two are raced against the default); "" = a coarse-to-fine search
+    autotune_prior_mb: str = _field("", added=True)
     overlap: bool = True  # ours only: launch bucket allreduces during backward (torch always overlaps)
     sync_every: int = _field(1, "positive")  # n: synchronize on 1 of every n iterations (no_sync on the others)
     round_robin_groups: int = _field(1, "positive")  # ours only: k process groups used round-robin
@@ -95,6 +99,7 @@ class TrainConfig:
             comm_hook=self.comm_hook or None,
             gradient_as_bucket_view=self.gradient_as_bucket_view,
             timing="trace" if self.trace_buckets else True,
+            autotune_prior_mb=prior_caps(self.autotune_prior_mb) or None,
         )
 
 
@@ -194,6 +199,8 @@ def _check_fields(cfg: PointConfig) -> None:
             raise ValueError(f"{f.name} must be a positive finite number, got {value}")
         if check == "non_negative" and not (value >= 0 and math.isfinite(value)):
             raise ValueError(f"{f.name} must be a finite number >= 0, got {value}")
+        if check == "cap" and value != AUTO and not (isinstance(value, (int, float)) and 0 <= value < math.inf):
+            raise ValueError(f"{f.name} must be a finite number >= 0 or {AUTO!r}, got {value!r}")
 
 
 def _check_hosts(cfg: PointConfig) -> None:
@@ -229,34 +236,7 @@ def validate(cfg: PointConfig) -> PointConfig:
     _check_fault(cfg.fault)
     check_net(cfg.net)
     if isinstance(cfg, TrainConfig):
-        if cfg.round_robin_groups > 1 and cfg.impl != "ours":
-            raise ValueError(f"round_robin_groups={cfg.round_robin_groups} needs impl='ours', got {cfg.impl!r}")
-        if not cfg.overlap and cfg.impl != "ours":
-            raise ValueError(
-                f"overlap=False is only available with impl='ours' (got {cfg.impl!r}, which always overlaps)"
-            )
-        if cfg.comm_hook and cfg.impl not in DDP_IMPLS:
-            raise ValueError(f"comm_hook={cfg.comm_hook!r} needs impl 'ours' or 'torch', got {cfg.impl!r}")
-        if cfg.sync_every > 1 and cfg.impl not in ("local", *DDP_IMPLS):
-            raise ValueError(
-                f"sync_every={cfg.sync_every} (no_sync) is measured for impl 'ours' and 'torch' only, got {cfg.impl!r}"
-            )
-        if cfg.replicas > 1 and cfg.impl != "threads":
-            raise ValueError(f"replicas={cfg.replicas} needs impl='threads', got {cfg.impl!r}")
-        if cfg.impl == "threads" and cfg.world_size != 1:
-            raise ValueError(
-                f"impl='threads' runs its replicas in one process: world_size must be 1, got "
-                f"{cfg.world_size} (use replicas=N)"
-            )
-        if cfg.gradient_as_bucket_view and cfg.impl not in DDP_IMPLS:
-            raise ValueError(f"gradient_as_bucket_view=True needs impl 'ours' or 'torch', got {cfg.impl!r}")
-        if cfg.memory and cfg.malloc != "default":
-            raise ValueError(
-                f"memory=True measures the resident set as glibc hands freed memory back, which "
-                f"malloc={cfg.malloc!r} prevents: measure memory with malloc='default'"
-            )
-        if cfg.trace_buckets and cfg.impl != "ours":
-            raise ValueError(f"trace_buckets=True needs impl='ours' (its per-bucket timing), got {cfg.impl!r}")
+        check_train(cfg)
     elif isinstance(cfg, ConvergenceConfig):
         if not 0 <= cfg.momentum < 1:
             raise ValueError(f"momentum must be in [0, 1), got {cfg.momentum}")
@@ -283,5 +263,9 @@ def point_id(cfg: PointConfig) -> str:
 
 
 def config_columns(cfg: PointConfig) -> dict:
-    """The config as flat row columns (plus ``point_type``)."""
-    return {"point_type": type(cfg).__name__, **dataclasses.asdict(cfg)}
+    """The config as flat row columns (plus ``point_type``); ``bucket_cap_mb="auto"`` as NaN beside ``autotune``, so
+    the column stays numeric."""
+    columns = {"point_type": type(cfg).__name__, **dataclasses.asdict(cfg)}
+    if columns.get("bucket_cap_mb") == AUTO:
+        columns.update(bucket_cap_mb=math.nan, autotune=True)
+    return columns

@@ -27,7 +27,7 @@ from harness.workloads.memory import CATEGORIES
 REPO_ROOT = Path(__file__).resolve().parents[1]
 TMP_PREFIX = ".tmp-"
 
-_DTYPES = {int: "Int64", float: "float64", bool: "boolean", str: "string"}
+_DTYPES = {int: "Int64", float: "float64", bool: "boolean", str: "string", float | str: "float64"}  # "auto": NaN
 
 
 def _config_columns() -> dict[str, str]:
@@ -69,6 +69,11 @@ SCHEMA: dict[str, str] = {
     "ddp_overlap_ms": "float64",
     "breakdown_source": "string",
     "bucket_times_json": "string",
+    # bucket_cap_mb="auto" (ddp_impl.autotune): the cap of each iteration, whether the search had settled, its log
+    "autotune": "boolean",
+    "bucket_cap_mb_used": "float64",
+    "autotune_settled": "boolean",
+    "autotune_json": "string",
     "num_params": "Int64",
     "batch_size_used": "Int64",
     "image_size": "Int64",

@@ -36,6 +36,7 @@ from typing import Sequence
 
 import torch
 
+from ddp_impl.autotune import AUTO
 from harness.config import TrainConfig
 from harness.launch.allocator import trim_heap
 from harness.launch.faults import inject_fault
@@ -178,7 +179,16 @@ class _PointTrainer:
         split = self.breakdown.read(synced, times["backward_ms"])
         if it < cfg.warmup:
             return None
-        return dict(self.meta, iteration=it - cfg.warmup, synced=synced, loss=float(loss.detach()), **times, **split)
+        row = dict(self.meta, iteration=it - cfg.warmup, synced=synced, loss=float(loss.detach()), **times, **split)
+        return row if cfg.bucket_cap_mb != AUTO else dict(row, **autotune_columns(self.trainer.model, cfg, it))
+
+
+def autotune_columns(ddp, cfg: TrainConfig, it: int) -> dict:
+    """The autotune columns of iteration ``it`` (``results/README.md``): its cap, and on the last, the whole log."""
+    columns = dict(bucket_cap_mb_used=ddp.bucket_cap_mb_now, autotune_settled=ddp.autotune_result is not None)
+    if it == cfg.warmup + cfg.iters - 1:
+        columns["autotune_json"] = json.dumps(dict(log=ddp.autotune_log, result=ddp.autotune_result))
+    return columns
 
 
 def run_training_point(ctx: RankContext, cfg: TrainConfig) -> list[dict]:

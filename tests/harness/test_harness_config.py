@@ -27,7 +27,11 @@ def no_launch(monkeypatch):
         (TrainConfig(impl="horovod"), "impl 'horovod'"),
         (TrainConfig(iters=0), "iters must be a positive finite number, got 0"),
         (TrainConfig(warmup=-1), "warmup must be a finite number >= 0, got -1"),
-        (TrainConfig(bucket_cap_mb=-1.0), "bucket_cap_mb must be a finite number >= 0, got -1.0"),
+        (TrainConfig(bucket_cap_mb=-1.0), "bucket_cap_mb must be a finite number >= 0 or 'auto', got -1.0"),
+        (TrainConfig(bucket_cap_mb="fast"), "bucket_cap_mb must be a finite number >= 0 or 'auto', got 'fast'"),
+        (TrainConfig(bucket_cap_mb="auto", impl="torch"), "bucket_cap_mb='auto' is ours's own"),
+        (TrainConfig(autotune_prior_mb="5"), "autotune_prior_mb='5' needs bucket_cap_mb='auto'"),
+        (TrainConfig(bucket_cap_mb="auto", autotune_prior_mb="5,x"), "autotune_prior_mb='5,x' needs"),
         (TrainConfig(sync_every=0), "sync_every must be a positive finite number, got 0"),
         (TrainConfig(world_size=0), "world_size must be a positive finite number, got 0"),
         (TrainConfig(impl="torch", overlap=False), "overlap=False"),
@@ -113,6 +117,7 @@ def test_dataclass_cli_overrides():
         TrainConfig, ["--model=bert-base", "--overlap=false", "--bucket_cap_mb=5", "--world_size", "3"]
     )
     assert cfg == TrainConfig(model="bert-base", overlap=False, bucket_cap_mb=5.0, world_size=3)
+    assert parse_dataclass(TrainConfig, ["--bucket_cap_mb=auto"]).bucket_cap_mb == "auto"
     assert parse_dataclass(TrainConfig, []) == TrainConfig()
     drv = parse_dataclass(_DriverConfig, ["--bucket_caps_mb=0,5,100", "--models=small,bert-base", "--quick=1"])
     assert drv == _DriverConfig(bucket_caps_mb=[0.0, 5.0, 100.0], models=("small", "bert-base"), quick=True)

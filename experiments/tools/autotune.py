@@ -1,0 +1,216 @@
+"""``bucket_cap_mb="auto"`` measured: ours finding its cap while it trains, beside every fixed cap of a sweep.
+
+    make autotune                                   ResNet50 and BERT-base, 2 ranks, net=auto (~25 min on 2 cores)
+    make autotune ARGS="--models=resnet50 --nets=auto,1gbit --repeats=2"
+    python -m experiments autotune --help
+
+Per model and link, each repetition trains ours with ``bucket_cap_mb="auto"`` from its first iteration
+(``ddp_impl.autotune``: every iteration stored, the search's trials included) and ours at every fixed cap of
+``caps_mb``, the points of a repetition in an interleaved order. Reported: the caps the search settled on, the
+iterations until settled, the settled latency (the median of the iterations after it settled) over the best fixed
+cap's as a paired ratio across repetitions with its interval, torch's default cap (25 MiB) over the best likewise,
+and what tuning cost: the time of the iterations before settling beyond as many at the best cap. Writes
+``results/autotune/summary.csv`` and ``results/figures/autotune.png``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import sys
+from dataclasses import dataclass
+
+import numpy as np
+import pandas as pd
+
+from ddp_impl import DEFAULT_BUCKET_CAP_MB
+from experiments import common, plotting
+from experiments.stats import bootstrap_median_ci, ratio_of_medians_ci
+from harness import TrainConfig, parse_dataclass, run_sweep
+from harness.config import validate
+from harness.launch.errors import command_line, refusing
+from harness.preflight import preflight
+from harness.results import results_root
+
+EXPERIMENT = "autotune"
+DEFAULT_CAP_MB = float(DEFAULT_BUCKET_CAP_MB)
+
+
+@dataclass(frozen=True)
+class Config:
+    """Every field is a --key=value override."""
+
+    models: tuple[str, ...] = ("resnet50", "bert-base")  # harness.workloads.models
+    nets: tuple[str, ...] = ("auto",)  # the link per rank: RATE (e.g. 1gbit) | auto | loopback (harness/README.md)
+    world_size: int = 2  # ranks
+    caps_mb: tuple[float, ...] = (1, 5, 25, 100)  # fixed caps (MiB) measured beside the search
+    repeats: int = 3  # interleaved repetitions of every point
+    # caps (MiB) ordered by predicted latency, best first, e.g. from `make tune`'s curve: the search races the first
+    # two against the default instead of its coarse-to-fine stages; "" = coarse-to-fine
+    prior_mb: str = ""
+    auto_iters: int = 36  # iterations of the tuning point, from its first (the search settles by the 30th)
+    iters: int = 4  # measured iterations of a fixed-cap point per repetition
+    warmup: int = 2  # iterations run before measuring a fixed-cap point
+
+
+def points(cfg: Config) -> list[TrainConfig]:
+    """Every point, checked (ValueError naming the first bad setting)."""
+    if cfg.repeats < 2:
+        raise ValueError(f"repeats={cfg.repeats}: a paired interval needs at least 2 repetitions")
+    if cfg.auto_iters < 31:
+        raise ValueError(f"auto_iters={cfg.auto_iters}: the search takes up to 30 iterations, give at least 31")
+    out = []
+    for r in range(cfg.repeats):
+        for model in cfg.models:
+            for net in cfg.nets:
+                base = TrainConfig(model=model, impl="ours", world_size=cfg.world_size, net=net, repeat=r)
+                out.append(
+                    dataclasses.replace(
+                        base, bucket_cap_mb="auto", autotune_prior_mb=cfg.prior_mb, warmup=0, iters=cfg.auto_iters
+                    )
+                )
+                out += [
+                    dataclasses.replace(base, bucket_cap_mb=float(c), warmup=cfg.warmup, iters=cfg.iters)
+                    for c in cfg.caps_mb
+                ]
+    return [validate(p) for p in out]
+
+
+def run(cfg: Config, root=None) -> pd.DataFrame:
+    with refusing():
+        todo = points(cfg)
+        preflight(todo)
+    ok = common.ok_rows(run_sweep(EXPERIMENT, todo, root=root))  # every stored point: keep this run's settings'
+    auto = ok["autotune"].fillna(False).astype(bool)
+    mine = auto & (ok["autotune_prior_mb"].fillna("") == cfg.prior_mb) & (ok["iters"] == cfg.auto_iters)
+    mine |= ~auto & ok["bucket_cap_mb"].isin(cfg.caps_mb) & (ok["iters"] == cfg.iters)
+    return ok[mine & ok["model"].isin(cfg.models) & ok["net"].isin(cfg.nets) & (ok["world_size"] == cfg.world_size)]
+
+
+def searches(ok: pd.DataFrame) -> pd.DataFrame:
+    """One row per tuning point (model, net, repeat): what its search settled on, from rank 0's last row."""
+    tuned = ok[ok["autotune"].fillna(False).astype(bool) & (ok["rank"] == 0) & (ok["autotune_json"].fillna("") != "")]
+    rows = []
+    for _, r in tuned.iterrows():
+        result = json.loads(r["autotune_json"])["result"]
+        rows.append(dict(model=r["model"], net=r["net"], repeat=int(r["repeat"]), **result))
+    return pd.DataFrame(rows)
+
+
+def repeat_latencies(ok: pd.DataFrame) -> pd.DataFrame:
+    """Per (model, net, repeat): the median ms of each fixed cap, and the tuning point's median once settled."""
+    auto = ok["autotune"].fillna(False).astype(bool)
+    settled = ok[auto & ok["autotune_settled"].fillna(False).astype(bool)].assign(cap="auto")
+    fixed = ok[~auto].assign(cap=ok["bucket_cap_mb"])
+    both = pd.concat([fixed, settled])
+    return both.groupby(["model", "net", "repeat", "cap"])["total_ms"].median().unstack("cap")
+
+
+def summary(ok: pd.DataFrame, seed: int = 0) -> pd.DataFrame:
+    """Per model and link: the search's outcome beside the best fixed cap and torch's default (module docstring)."""
+    lat, found = repeat_latencies(ok), searches(ok)
+    rng, rows = np.random.default_rng(seed), []
+    for (model, net), per in lat.groupby(level=["model", "net"]):
+        fixed = per.drop(columns="auto")
+        best = fixed.median().idxmin()
+        mine = found[(found["model"] == model) & (found["net"] == net)]
+        settled, best_ms = per["auto"].to_numpy(), per[best].to_numpy()
+        rows.append(
+            dict(
+                model=model,
+                net=net,
+                repeats=len(per),
+                settled_caps=" ".join(f"{c:g}" for c in mine.sort_values("repeat")["cap_mb"]),
+                iterations_max=int(mine["iterations"].max()),
+                best_fixed_mb=best,
+                best_fixed_ms=float(np.median(best_ms)),
+                settled_ms=float(np.median(settled)),
+                **_ratio("settled_vs_best", settled, best_ms, rng),
+                **_ratio("default_vs_best", per[DEFAULT_CAP_MB].to_numpy(), best_ms, rng),
+                **_tuning_cost(ok, model, net, float(np.median(best_ms)), rng),
+            )
+        )
+    return pd.DataFrame(rows)
+
+
+def _ratio(name: str, a, b, rng) -> dict:
+    lo, hi = ratio_of_medians_ci(a, b, rng)
+    return {name: float(np.median(a) / np.median(b)), f"{name}_lo": lo, f"{name}_hi": hi}
+
+
+def _tuning_cost(ok: pd.DataFrame, model: str, net: str, best_ms: float, rng) -> dict:
+    """The iterations before settling, beyond as many at the best fixed cap: ms per repetition (median, interval)
+    and in iterations' worth. The first two iterations (gradient order, rebuilt buckets) run at every cap too."""
+    tuned = ok[(ok["model"] == model) & (ok["net"] == net) & ok["autotune"].fillna(False).astype(bool)]
+    tuning = tuned[~tuned["autotune_settled"].fillna(False).astype(bool) & (tuned["iteration"] >= 2)]
+    per_iteration = tuning.groupby(["repeat", "iteration"])["total_ms"].max()  # the slower rank's
+    extra = (per_iteration - best_ms).groupby(level="repeat").sum().to_numpy()
+    lo, hi = bootstrap_median_ci(extra, rng)
+    med = float(np.median(extra))
+    return dict(tuning_extra_ms=med, tuning_extra_ms_lo=lo, tuning_extra_ms_hi=hi, tuning_extra_iters=med / best_ms)
+
+
+def plot(ok: pd.DataFrame, table: pd.DataFrame, root=None):
+    """Per model and link: the caps the search tried over iterations (every repetition), and the settled latency
+    beside every fixed cap's."""
+    import matplotlib.pyplot as plt
+
+    pairs = list(table[["model", "net"]].itertuples(index=False))
+    fig, axes = plt.subplots(len(pairs), 2, figsize=(11, 3.2 * len(pairs)), squeeze=False)
+    lat = repeat_latencies(ok)
+    for (model, net), (left, right) in zip(pairs, axes):
+        _trials_panel(left, ok, model, net)
+        _latency_panel(right, lat.xs((model, net), level=["model", "net"]), model, net)
+    plotting.finish(fig, "bucket_cap_mb='auto': the search and where it settles", "", ok)
+    return plotting.save(fig, EXPERIMENT, root)
+
+
+def _trials_panel(ax, ok: pd.DataFrame, model: str, net: str) -> None:
+    sel = ok[(ok["model"] == model) & (ok["net"] == net) & ok["autotune"].fillna(False).astype(bool)]
+    sel = sel[sel["rank"] == 0]
+    for k, (rep, rows) in enumerate(sel.groupby("repeat")):
+        x = rows["iteration"].to_numpy() + 1
+        ax.step(x, rows["bucket_cap_mb_used"].clip(lower=1e-3), where="post", color=f"C{k}", label=f"repetition {rep}")
+    ax.set(yscale="log", xlabel="synchronized iteration", ylabel="bucket cap in use (MiB; 0 drawn at 0.001)")
+    ax.set_title(f"{model}, net={net}: caps tried", fontsize=10)
+    ax.legend(fontsize=7)
+
+
+def _latency_panel(ax, per: pd.DataFrame, model: str, net: str) -> None:
+    names = [c for c in per.columns if c != "auto"] + ["auto"]
+    ax.boxplot([per[c].dropna().to_numpy() for c in names], tick_labels=[f"{c:g}" if c != "auto" else c for c in names])
+    ax.set(xlabel="bucket cap (MiB); auto = settled iterations", ylabel="ms per iteration (repetition medians)")
+    ax.set_title(f"{model}, net={net}: settled vs fixed caps", fontsize=10)
+
+
+def format_table(table: pd.DataFrame) -> str:
+    lines = []
+    for r in table.itertuples(index=False):
+        lines.append(
+            f"{r.model} net={r.net}: settled on {r.settled_caps} MiB by iteration {r.iterations_max} at most; "
+            f"settled / best fixed ({r.best_fixed_mb:g} MiB) x{r.settled_vs_best:.3f} "
+            f"[{r.settled_vs_best_lo:.3f}, {r.settled_vs_best_hi:.3f}]; 25 MiB / best x{r.default_vs_best:.3f} "
+            f"[{r.default_vs_best_lo:.3f}, {r.default_vs_best_hi:.3f}]; tuning cost {r.tuning_extra_ms:.0f} ms "
+            f"({r.tuning_extra_iters:.2f} iterations' worth) over {r.repeats} repetitions"
+        )
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    prog = "python -m experiments autotune"
+
+    def body() -> int:
+        cfg = parse_dataclass(Config, argv, prog=prog)
+        ok = run(cfg)
+        table = summary(ok)
+        out = results_root() / EXPERIMENT / "summary.csv"
+        table.to_csv(out, index=False, lineterminator="\n")
+        print(format_table(table))
+        print(f"wrote {out} and {plot(ok, table)}")
+        return 0
+
+    return command_line(prog, body)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
