@@ -45,15 +45,34 @@ class Config:
     world_size: int = 2  # ranks
     caps_mb: tuple[float, ...] = (1, 5, 25, 100)  # fixed caps (MiB) measured beside the search
     repeats: int = 3  # interleaved repetitions of every point
-    # caps (MiB) ordered by predicted latency, best first, e.g. from `make tune`'s curve: the search races the first
-    # two against the default instead of its coarse-to-fine stages; "" = coarse-to-fine
+    # the search's prior: "simulator" (this machine's calibration, stored or probed now, orders the caps of
+    # make tune's grid by predicted latency), caps best first (e.g. "5,10"), or "" (a coarse-to-fine search)
     prior_mb: str = ""
     auto_iters: int = 36  # iterations of the tuning point, from its first (the search settles by the 30th)
     iters: int = 4  # measured iterations of a fixed-cap point per repetition
-    warmup: int = 2  # iterations run before measuring a fixed-cap point
+    warmup: int = 3  # iterations run before measuring a fixed-cap point
 
 
-def points(cfg: Config) -> list[TrainConfig]:
+def priors(cfg: Config) -> dict[tuple[str, str], str]:
+    """The search's prior per (model, net): ``prior_mb`` as given, or with "simulator" the caps ordered by the
+    calibrated simulator's regret (``make tune``'s recommendation first)."""
+    if cfg.prior_mb != "simulator":
+        return {(m, n): cfg.prior_mb for m in cfg.models for n in cfg.nets}
+    from experiments.tools.calibrations import calibration_for
+    from experiments.tools.tune import Config as TuneConfig
+    from simulator.model.recommend import recommend
+
+    out = {}
+    for model in cfg.models:
+        for net in cfg.nets:
+            cal, _ = calibration_for(TrainConfig(model=model, impl="ours", world_size=cfg.world_size, net=net))
+            rec = recommend(cal, TuneConfig.grid_mb)
+            order = sorted(rec.regret, key=lambda c: (rec.regret[c], rec.predicted_ms[c]))
+            out[model, net] = ",".join(f"{c:g}" for c in order)
+    return out
+
+
+def points(cfg: Config, prior: dict[tuple[str, str], str]) -> list[TrainConfig]:
     """Every point, checked (ValueError naming the first bad setting)."""
     if cfg.repeats < 2:
         raise ValueError(f"repeats={cfg.repeats}: a paired interval needs at least 2 repetitions")
@@ -66,7 +85,7 @@ def points(cfg: Config) -> list[TrainConfig]:
                 base = TrainConfig(model=model, impl="ours", world_size=cfg.world_size, net=net, repeat=r)
                 out.append(
                     dataclasses.replace(
-                        base, bucket_cap_mb="auto", autotune_prior_mb=cfg.prior_mb, warmup=0, iters=cfg.auto_iters
+                        base, bucket_cap_mb="auto", autotune_prior_mb=prior[model, net], warmup=0, iters=cfg.auto_iters
                     )
                 )
                 out += [
@@ -78,11 +97,13 @@ def points(cfg: Config) -> list[TrainConfig]:
 
 def run(cfg: Config, root=None) -> pd.DataFrame:
     with refusing():
-        todo = points(cfg)
+        points(cfg, {(m, n): "" for m in cfg.models for n in cfg.nets})  # every setting checked before a probe
+        prior = priors(cfg)
+        todo = points(cfg, prior)
         preflight(todo)
     ok = common.ok_rows(run_sweep(EXPERIMENT, todo, root=root))  # every stored point: keep this run's settings'
     auto = ok["autotune"].fillna(False).astype(bool)
-    mine = auto & (ok["autotune_prior_mb"].fillna("") == cfg.prior_mb) & (ok["iters"] == cfg.auto_iters)
+    mine = auto & ok["autotune_prior_mb"].fillna("").isin(set(prior.values())) & (ok["iters"] == cfg.auto_iters)
     mine |= ~auto & ok["bucket_cap_mb"].isin(cfg.caps_mb) & (ok["iters"] == cfg.iters)
     return ok[mine & ok["model"].isin(cfg.models) & ok["net"].isin(cfg.nets) & (ok["world_size"] == cfg.world_size)]
 
@@ -93,7 +114,8 @@ def searches(ok: pd.DataFrame) -> pd.DataFrame:
     rows = []
     for _, r in tuned.iterrows():
         result = json.loads(r["autotune_json"])["result"]
-        rows.append(dict(model=r["model"], net=r["net"], repeat=int(r["repeat"]), **result))
+        prior = r["autotune_prior_mb"] or "coarse-to-fine"
+        rows.append(dict(model=r["model"], net=r["net"], repeat=int(r["repeat"]), prior=prior, **result))
     return pd.DataFrame(rows)
 
 
@@ -120,6 +142,7 @@ def summary(ok: pd.DataFrame, seed: int = 0) -> pd.DataFrame:
                 model=model,
                 net=net,
                 repeats=len(per),
+                prior=" | ".join(sorted(set(mine["prior"]))),
                 settled_caps=" ".join(f"{c:g}" for c in mine.sort_values("repeat")["cap_mb"]),
                 iterations_max=int(mine["iterations"].max()),
                 best_fixed_mb=best,
@@ -144,7 +167,8 @@ def _tuning_cost(ok: pd.DataFrame, model: str, net: str, best_ms: float, rng) ->
     tuned = ok[(ok["model"] == model) & (ok["net"] == net) & ok["autotune"].fillna(False).astype(bool)]
     tuning = tuned[~tuned["autotune_settled"].fillna(False).astype(bool) & (tuned["iteration"] >= 2)]
     per_iteration = tuning.groupby(["repeat", "iteration"])["total_ms"].max()  # the slower rank's
-    extra = (per_iteration - best_ms).groupby(level="repeat").sum().to_numpy()
+    extra = (per_iteration - best_ms).groupby(level="repeat").sum()
+    extra = extra.reindex(sorted(tuned["repeat"].unique()), fill_value=0.0).to_numpy()  # settled at once: 0
     lo, hi = bootstrap_median_ci(extra, rng)
     med = float(np.median(extra))
     return dict(tuning_extra_ms=med, tuning_extra_ms_lo=lo, tuning_extra_ms_hi=hi, tuning_extra_iters=med / best_ms)

@@ -86,6 +86,9 @@ def stress() -> str:
     for ending, g in counts.groupby(level="ending"):
         cells = [", ".join(str(int(v)) for v in g.xs(impl, level="impl").iloc[0]) for impl in ("ours", "torch")]
         rows.append(f"| {ending} | {cells[0]} | {cells[1]} |")
+    hunt = where / "tests.csv"
+    if hunt.exists():
+        rows += ["", _flake_hunt(pd.read_csv(hunt))]
     f = pd.read_csv(where / "fresh_clones.csv")
     clones = [f"Fresh clones, CI's `make test` from scratch: {int((f['returncode'] == 0).sum())} of {len(f)} passed"]
     for hog, g in f.groupby("hog"):
@@ -94,6 +97,19 @@ def stress() -> str:
             f"{len(g)} ({g['seconds'].min()}-{g['seconds'].max()} s, {int(g['failed'].sum())} failed tests)"
         )
     return "\n".join(rows) + "\n\n" + "; ".join(clones) + "."
+
+
+def _flake_hunt(t: pd.DataFrame) -> str:
+    """``make stress``'s runs of every test file that launches processes: how many, and every failure by test."""
+    ran = t[t["outcome"] != "skipped"]
+    failed = ran[ran["outcome"] == "failed"]
+    quiet, hogged = (t[t["hog"] == h]["run"].nunique() for h in (False, True))
+    line = (
+        f"The flake hunt: {quiet} runs + {hogged} beside a CPU hog x {t['file'].nunique()} files that launch "
+        f"processes: {len(ran)} test runs, {len(failed)} failures"
+    )
+    per_test = failed.groupby("test").size()
+    return line + ("." if per_test.empty else ": " + "; ".join(f"`{k}` {v}" for k, v in per_test.items()) + ".")
 
 
 def run_times() -> str:
