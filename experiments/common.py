@@ -22,6 +22,8 @@ from dataclasses import dataclass
 
 import pandas as pd
 
+from ddp_impl.autotune import AUTO
+from ddp_impl.options import DEFAULT_BUCKET_CAP_MB
 from harness import TrainConfig
 from harness.config import DEFAULT_NET
 from harness.launch import env
@@ -164,8 +166,37 @@ def auto_meant_loopback(df: pd.DataFrame) -> pd.Series:
     return judged if stored is None else stored.astype("boolean").fillna(judged).astype(bool)
 
 
-def fmt_mb(mb: float) -> str:
+def fmt_mb(mb: float | str) -> str:
+    if mb == AUTO or mb == AUTO_KEY:
+        return AUTO
     return "0" if mb == 0 else (f"{mb:g}" if mb < 1000 else f"{mb / 1000:g}k")
+
+
+AUTO_KEY = math.inf  # bucket_cap_mb="auto" rows where caps are an axis: after every fixed cap
+
+
+def is_auto(ok: pd.DataFrame) -> pd.Series:
+    """Rows of ``bucket_cap_mb="auto"`` points (their ``bucket_cap_mb`` is empty; ``bucket_cap_mb_used`` says where
+    the search settled)."""
+    if "autotune" not in ok.columns:
+        return pd.Series(False, index=ok.index)
+    return ok["autotune"].fillna(False).astype(bool)
+
+
+def at_cap(ok: pd.DataFrame, cap: float | str) -> pd.Series:
+    """Rows measured at ``cap``: a number of MiB, or "auto"."""
+    auto = is_auto(ok)
+    return auto if cap == AUTO else (ok["bucket_cap_mb"] == cap) & ~auto
+
+
+def caps_as_keys(ok: pd.DataFrame) -> pd.DataFrame:
+    """``ok`` with the "auto" rows' ``bucket_cap_mb`` set to :data:`AUTO_KEY`, so that caps group and sort with it."""
+    return ok.assign(bucket_cap_mb=ok["bucket_cap_mb"].where(~is_auto(ok), AUTO_KEY))
+
+
+def simulated_cap(cap: float | str) -> float:
+    """The cap the paper-scale simulator draws for a driver's cap: "auto" is drawn at torch's default."""
+    return float(DEFAULT_BUCKET_CAP_MB) if cap == AUTO else cap
 
 
 def speedup_pct(slow_ms: float, fast_ms: float) -> float:

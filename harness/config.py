@@ -62,7 +62,8 @@ class TrainConfig:
     backend: str = _field("auto", choices=("auto", *BACKENDS))  # gloo | nccl | mpi | auto (nccl where CUDA is)
     world_size: int = _field(2, "positive")  # ranks (processes), one model replica each
     batch_size: int = _field(0, "non_negative")  # inputs per rank and iteration; 0 = the profile's default
-    # DDP bucket cap (MiB), or auto (ours finds it while training: ddp_impl.autotune); ignored by impl=local
+    # DDP bucket cap (MiB), or auto: ours finds it while training (ddp_impl.autotune), unmeasured, before the warmup;
+    # ignored by impl=local
     bucket_cap_mb: float | str = _field(float(DEFAULT_BUCKET_CAP_MB), "cap")
     # with bucket_cap_mb=auto: caps in MiB ordered by predicted latency, best first, e.g. "5,10" (the simulator's
     # prior: its first two are raced against the default); "" = a coarse-to-fine search

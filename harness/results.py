@@ -69,10 +69,10 @@ SCHEMA: dict[str, str] = {
     "ddp_overlap_ms": "float64",
     "breakdown_source": "string",
     "bucket_times_json": "string",
-    # bucket_cap_mb="auto" (ddp_impl.autotune): the cap of each iteration, whether the search had settled, its log
+    # bucket_cap_mb="auto" (ddp_impl.autotune): the cap it settled on, after how many iterations, the search's log
     "autotune": "boolean",
     "bucket_cap_mb_used": "float64",
-    "autotune_settled": "boolean",
+    "autotune_iterations": "Int64",
     "autotune_json": "string",
     "num_params": "Int64",
     "batch_size_used": "Int64",

@@ -38,7 +38,9 @@ class Config(common.ModelSweep):
     """Overlap on and off per model and backend; every field is a --key=value override."""
 
     world_size: int = 2  # ranks
-    bucket_cap_mb: float = DEFAULT_BUCKET_CAP_MB  # DDP bucket cap (MiB)
+    bucket_cap_mb: float | str = (
+        DEFAULT_BUCKET_CAP_MB  # DDP bucket cap (MiB), or auto (ours finds it while training, before measuring)
+    )
     cluster: str = paper_scale.DEFAULT_CLUSTER  # cluster simulated at the paper's scale, a panel beside ('' = none)
 
 
@@ -53,7 +55,7 @@ def points(cfg: Config) -> list[TrainConfig]:
 
 def _selected(df, cfg: Config):
     ok = common.ok_rows(df, net=cfg.net, hosts=cfg.hosts)
-    return ok[(ok["world_size"] == cfg.world_size) & (ok["bucket_cap_mb"] == cfg.bucket_cap_mb)]
+    return ok[(ok["world_size"] == cfg.world_size) & common.at_cap(ok, cfg.bucket_cap_mb)]
 
 
 def _medians(df, cfg: Config):
@@ -96,7 +98,12 @@ def plot(df, cfg: Config):
     )
     if cfg.cluster:
         paper_scale.draw_overlap(
-            axes[0][-1], cfg.cluster, cfg.models, paper_scale.GPUS["fig6"], cfg.bucket_cap_mb, PHASE_COLORS
+            axes[0][-1],
+            cfg.cluster,
+            cfg.models,
+            paper_scale.GPUS["fig6"],
+            common.simulated_cap(cfg.bucket_cap_mb),
+            PHASE_COLORS,
         )
     for c, backend in enumerate(backends):
         ax = axes[0][c]
@@ -108,7 +115,7 @@ def plot(df, cfg: Config):
     return plotting.finish(
         fig,
         f"Figure 6: latency breakdown, overlapping vs non-overlapping, {common.ranks(cfg)}, "
-        f"{cfg.bucket_cap_mb:g} MiB buckets",
+        f"{common.fmt_mb(cfg.bucket_cap_mb)} MiB buckets",
         f"{PAPER['setup']}; {PAPER['claim']}",
         common.ok_rows(df, net=cfg.net, hosts=cfg.hosts),
         paper_scale.caption(cfg.cluster),

@@ -32,7 +32,8 @@ class Config(common.ModelSweep):
     """Sweep of bucket caps; every field is a --key=value override."""
 
     world_size: int = 2  # ranks
-    bucket_caps_mb: tuple[float, ...] = (0, 1, 5, 25, 100, 1000)  # DDP bucket caps (MiB), a point each
+    # DDP bucket caps (MiB), a point each; auto: ours finds its cap while training (a box beside the fixed caps)
+    bucket_caps_mb: tuple[float | str, ...] = (0, 1, 5, 25, 100, 1000)
     impl: str = "ours"  # whose DDP: ours | torch
     # 3 repetitions x (2 + 3) iterations keep `make fig7` under 9 minutes on 2 cores (README)
     iters: int = 3  # measured iterations per point, repetition and rank
@@ -49,7 +50,7 @@ def points(cfg: Config) -> list[TrainConfig]:
 def task_medians(df, cfg: Config):
     """Per (model, backend, bucket cap, repetition, task): the median latency (``verdicts.task_medians``)."""
     ok = common.ok_rows(df, net=cfg.net, hosts=cfg.hosts)
-    ok = ok[ok["model"].isin(cfg.models) & (ok["world_size"] == cfg.world_size)]
+    ok = ok[ok["model"].isin(cfg.models) & (ok["world_size"] == cfg.world_size) & ~common.is_auto(ok)]
     return verdicts.task_medians(ok, ["model", "backend", "bucket_cap_mb"])
 
 
@@ -59,7 +60,7 @@ def plot(df, cfg: Config):
 
 def draw(df, cfg: Config, name: str, paper: dict):
     """Shared with Figure 8, which is this figure at a larger world size."""
-    ok = common.ok_rows(df, net=cfg.net, hosts=cfg.hosts)
+    ok = common.caps_as_keys(common.ok_rows(df, net=cfg.net, hosts=cfg.hosts))
     ok = ok[ok["world_size"] == cfg.world_size]
     unavailable = common.missing_backends(ok, cfg.backends, cfg.world_size)
 
@@ -67,7 +68,7 @@ def draw(df, cfg: Config, name: str, paper: dict):
         per_task = verdicts.task_medians(sel, ["bucket_cap_mb"])
         ranking = verdicts.rank_options(per_task)
         boxes, lower = plotting.split_panel(ax)
-        plotting.latency_boxes(boxes, sel, "bucket_cap_mb", lambda c: f"{common.fmt_mb(c)} MiB", ranking.reference)
+        plotting.latency_boxes(boxes, sel, "bucket_cap_mb", _cap_label, ranking.reference)
         grad_mib = sel["num_params"].iloc[0] * 4 / MIB
         boxes.set_title(f"{model} / {backend} (gradients: {grad_mib:.3g} MiB)", fontsize=10)
         caps = sorted(sel["bucket_cap_mb"].unique())
@@ -76,7 +77,9 @@ def draw(df, cfg: Config, name: str, paper: dict):
 
     gpus = paper_scale.GPUS[name]
     simulated = cfg.cluster and (
-        lambda ax, model: paper_scale.draw_caps(ax, cfg.cluster, model, gpus, cfg.bucket_caps_mb)
+        lambda ax, model: paper_scale.draw_caps(
+            ax, cfg.cluster, model, gpus, [c for c in cfg.bucket_caps_mb if c != common.AUTO]
+        )
     )
     fig = plotting.model_backend_panels(
         ok, cfg.models, cfg.backends, unavailable, draw, simulated=simulated, width=5.0, height=plotting.PAIRED_HEIGHT
@@ -152,3 +155,7 @@ def claims(df, cfg: Config, name: str = FIGURE) -> list[verdicts.Claim]:
         )
         for (m, b), v in bucket_verdicts(df, cfg).items()
     ]
+
+
+def _cap_label(cap: float) -> str:
+    return common.fmt_mb(cap) + ("" if cap == common.AUTO_KEY else " MiB")

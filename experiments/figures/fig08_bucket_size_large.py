@@ -26,7 +26,7 @@ class Config(fig7.Config):
     """Figure 7's settings at a larger default world size, with the caps that decide BERT's best (50, 100 MiB)."""
 
     world_size: int = 4
-    bucket_caps_mb: tuple[float, ...] = (0, 1, 5, 25, 50, 100, 1000)
+    bucket_caps_mb: tuple[float | str, ...] = (0, 1, 5, 25, 50, 100, 1000)
 
 
 points = fig7.points

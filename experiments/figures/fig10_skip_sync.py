@@ -35,7 +35,9 @@ class Config(common.ModelSweep):
 
     world_sizes: tuple[int, ...] = (2, 4)  # ranks, a point each
     sync_every: tuple[int, ...] = (1, 2, 4, 8)  # n: synchronize 1 of every n iterations (no_sync on the others)
-    bucket_cap_mb: float = DEFAULT_BUCKET_CAP_MB  # DDP bucket cap (MiB)
+    bucket_cap_mb: float | str = (
+        DEFAULT_BUCKET_CAP_MB  # DDP bucket cap (MiB), or auto (ours finds it while training, before measuring)
+    )
     impl: str = "ours"  # whose DDP: ours | torch
     iters: int = 8  # measured iterations per point, repetition and rank: a multiple of every n
 
@@ -63,7 +65,7 @@ def _selected(df, cfg: Config):
     return ok[
         ok["model"].isin(cfg.models)
         & ok["sync_every"].isin(cfg.sync_every)
-        & (ok["bucket_cap_mb"] == cfg.bucket_cap_mb)
+        & common.at_cap(ok, cfg.bucket_cap_mb)
         & (ok["warmup"] == cfg.warmup * ok["sync_every"])
     ]  # not points stored before warmup counted cycles
 

@@ -29,7 +29,9 @@ class Config(common.ModelSweep):
 
     world_size: int = 2  # ranks
     groups: tuple[int, ...] = (1, 3, 5)  # k: process groups used round-robin, a point each
-    bucket_cap_mb: float = DEFAULT_BUCKET_CAP_MB  # DDP bucket cap (MiB)
+    bucket_cap_mb: float | str = (
+        DEFAULT_BUCKET_CAP_MB  # DDP bucket cap (MiB), or auto (ours finds it while training, before measuring)
+    )
 
 
 def points(cfg: Config) -> list[TrainConfig]:
@@ -43,7 +45,7 @@ def points(cfg: Config) -> list[TrainConfig]:
 def _selected(df, cfg: Config):
     ok = common.ok_rows(df, net=cfg.net, hosts=cfg.hosts)
     return ok[
-        ok["model"].isin(cfg.models) & (ok["world_size"] == cfg.world_size) & (ok["bucket_cap_mb"] == cfg.bucket_cap_mb)
+        ok["model"].isin(cfg.models) & (ok["world_size"] == cfg.world_size) & common.at_cap(ok, cfg.bucket_cap_mb)
     ]
 
 

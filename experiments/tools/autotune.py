@@ -4,13 +4,12 @@
     make autotune ARGS="--models=resnet50 --nets=auto,1gbit --repeats=2"
     python -m experiments autotune --help
 
-Per model and link, each repetition trains ours with ``bucket_cap_mb="auto"`` from its first iteration
-(``ddp_impl.autotune``: every iteration stored, the search's trials included) and ours at every fixed cap of
-``caps_mb``, the points of a repetition in an interleaved order. Reported: the caps the search settled on, the
-iterations until settled, the settled latency (the median of the iterations after it settled) over the best fixed
-cap's as a paired ratio across repetitions with its interval, torch's default cap (25 MiB) over the best likewise,
-and what tuning cost: the time of the iterations before settling beyond as many at the best cap. Writes
-``results/autotune/summary.csv`` and ``results/figures/autotune.png``.
+Per model and link, each repetition trains ours with ``bucket_cap_mb="auto"`` (``ddp_impl.autotune``: the point
+trains until the search settles, then measures like any point) and ours at every fixed cap of ``caps_mb``, the points
+of a repetition in an interleaved order. Reported: the caps the search settled on, the iterations until settled, the
+settled latency over the best fixed cap's as a paired ratio across repetitions with its interval, torch's default
+cap (25 MiB) over the best likewise, and what tuning cost: from the search's own log, its trials' time beyond as many
+iterations at the cap it settled on. Writes ``results/autotune/summary.csv`` and ``results/figures/autotune.png``.
 """
 
 from __future__ import annotations
@@ -48,7 +47,6 @@ class Config:
     # the search's prior: "simulator" (this machine's calibration, stored or probed now, orders the caps of
     # make tune's grid by predicted latency), caps best first (e.g. "5,10"), or "" (a coarse-to-fine search)
     prior_mb: str = ""
-    auto_iters: int = 36  # iterations of the tuning point, from its first (the search settles by the 30th)
     iters: int = 4  # measured iterations of a fixed-cap point per repetition
     warmup: int = 3  # iterations run before measuring a fixed-cap point
 
@@ -76,22 +74,14 @@ def points(cfg: Config, prior: dict[tuple[str, str], str]) -> list[TrainConfig]:
     """Every point, checked (ValueError naming the first bad setting)."""
     if cfg.repeats < 2:
         raise ValueError(f"repeats={cfg.repeats}: a paired interval needs at least 2 repetitions")
-    if cfg.auto_iters < 31:
-        raise ValueError(f"auto_iters={cfg.auto_iters}: the search takes up to 30 iterations, give at least 31")
     out = []
     for r in range(cfg.repeats):
         for model in cfg.models:
             for net in cfg.nets:
                 base = TrainConfig(model=model, impl="ours", world_size=cfg.world_size, net=net, repeat=r)
-                out.append(
-                    dataclasses.replace(
-                        base, bucket_cap_mb="auto", autotune_prior_mb=prior[model, net], warmup=0, iters=cfg.auto_iters
-                    )
-                )
-                out += [
-                    dataclasses.replace(base, bucket_cap_mb=float(c), warmup=cfg.warmup, iters=cfg.iters)
-                    for c in cfg.caps_mb
-                ]
+                base = dataclasses.replace(base, warmup=cfg.warmup, iters=cfg.iters)
+                out.append(dataclasses.replace(base, bucket_cap_mb="auto", autotune_prior_mb=prior[model, net]))
+                out += [dataclasses.replace(base, bucket_cap_mb=float(c)) for c in cfg.caps_mb]
     return [validate(p) for p in out]
 
 
@@ -103,28 +93,34 @@ def run(cfg: Config, root=None) -> pd.DataFrame:
         preflight(todo)
     ok = common.ok_rows(run_sweep(EXPERIMENT, todo, root=root))  # every stored point: keep this run's settings'
     auto = ok["autotune"].fillna(False).astype(bool)
-    mine = auto & ok["autotune_prior_mb"].fillna("").isin(set(prior.values())) & (ok["iters"] == cfg.auto_iters)
-    mine |= ~auto & ok["bucket_cap_mb"].isin(cfg.caps_mb) & (ok["iters"] == cfg.iters)
+    mine = (auto & ok["autotune_prior_mb"].fillna("").isin(set(prior.values()))) | ok["bucket_cap_mb"].isin(cfg.caps_mb)
+    mine &= (ok["iters"] == cfg.iters) & (ok["warmup"] == cfg.warmup)
     return ok[mine & ok["model"].isin(cfg.models) & ok["net"].isin(cfg.nets) & (ok["world_size"] == cfg.world_size)]
 
 
 def searches(ok: pd.DataFrame) -> pd.DataFrame:
-    """One row per tuning point (model, net, repeat): what its search settled on, from rank 0's last row."""
+    """One row per tuning point (model, net, repeat): what its search settled on and its log, from rank 0's last row;
+    ``extra_ms``: its trials' time beyond as many iterations at the settled cap (the median of that cap's trials)."""
     tuned = ok[ok["autotune"].fillna(False).astype(bool) & (ok["rank"] == 0) & (ok["autotune_json"].fillna("") != "")]
     rows = []
     for _, r in tuned.iterrows():
-        result = json.loads(r["autotune_json"])["result"]
+        search = json.loads(r["autotune_json"])
+        result, log = search["result"], pd.DataFrame(search["log"], columns=["iteration", "cap_mb", "ms"])
+        at_settled = log[log["cap_mb"] == result["cap_mb"]]["ms"]
+        extra = float((log["ms"] - at_settled.median()).sum()) if len(at_settled) else 0.0
         prior = r["autotune_prior_mb"] or "coarse-to-fine"
-        rows.append(dict(model=r["model"], net=r["net"], repeat=int(r["repeat"]), prior=prior, **result))
+        rows.append(
+            dict(
+                model=r["model"], net=r["net"], repeat=int(r["repeat"]), prior=prior, extra_ms=extra, log=log, **result
+            )
+        )
     return pd.DataFrame(rows)
 
 
 def repeat_latencies(ok: pd.DataFrame) -> pd.DataFrame:
-    """Per (model, net, repeat): the median ms of each fixed cap, and the tuning point's median once settled."""
+    """Per (model, net, repeat): the median ms of each fixed cap's point and of the tuning point (settled)."""
     auto = ok["autotune"].fillna(False).astype(bool)
-    settled = ok[auto & ok["autotune_settled"].fillna(False).astype(bool)].assign(cap="auto")
-    fixed = ok[~auto].assign(cap=ok["bucket_cap_mb"])
-    both = pd.concat([fixed, settled])
+    both = ok.assign(cap=ok["bucket_cap_mb"].astype(object).where(~auto, "auto"))
     return both.groupby(["model", "net", "repeat", "cap"])["total_ms"].median().unstack("cap")
 
 
@@ -150,7 +146,7 @@ def summary(ok: pd.DataFrame, seed: int = 0) -> pd.DataFrame:
                 settled_ms=float(np.median(settled)),
                 **_ratio("settled_vs_best", settled, best_ms, rng),
                 **_ratio("default_vs_best", per[DEFAULT_CAP_MB].to_numpy(), best_ms, rng),
-                **_tuning_cost(ok, model, net, float(np.median(best_ms)), rng),
+                **_tuning_cost(mine["extra_ms"].to_numpy(), float(np.median(best_ms)), rng),
             )
         )
     return pd.DataFrame(rows)
@@ -161,14 +157,8 @@ def _ratio(name: str, a, b, rng) -> dict:
     return {name: float(np.median(a) / np.median(b)), f"{name}_lo": lo, f"{name}_hi": hi}
 
 
-def _tuning_cost(ok: pd.DataFrame, model: str, net: str, best_ms: float, rng) -> dict:
-    """The iterations before settling, beyond as many at the best fixed cap: ms per repetition (median, interval)
-    and in iterations' worth. The first two iterations (gradient order, rebuilt buckets) run at every cap too."""
-    tuned = ok[(ok["model"] == model) & (ok["net"] == net) & ok["autotune"].fillna(False).astype(bool)]
-    tuning = tuned[~tuned["autotune_settled"].fillna(False).astype(bool) & (tuned["iteration"] >= 2)]
-    per_iteration = tuning.groupby(["repeat", "iteration"])["total_ms"].max()  # the slower rank's
-    extra = (per_iteration - best_ms).groupby(level="repeat").sum()
-    extra = extra.reindex(sorted(tuned["repeat"].unique()), fill_value=0.0).to_numpy()  # settled at once: 0
+def _tuning_cost(extra: np.ndarray, best_ms: float, rng) -> dict:
+    """What the search's trials cost per repetition (median, interval), also in iterations at the best fixed cap."""
     lo, hi = bootstrap_median_ci(extra, rng)
     med = float(np.median(extra))
     return dict(tuning_extra_ms=med, tuning_extra_ms_lo=lo, tuning_extra_ms_hi=hi, tuning_extra_iters=med / best_ms)
@@ -181,22 +171,23 @@ def plot(ok: pd.DataFrame, table: pd.DataFrame, root=None):
 
     pairs = list(table[["model", "net"]].itertuples(index=False))
     fig, axes = plt.subplots(len(pairs), 2, figsize=(11, 3.2 * len(pairs)), squeeze=False)
-    lat = repeat_latencies(ok)
+    lat, found = repeat_latencies(ok), searches(ok)
     for (model, net), (left, right) in zip(pairs, axes):
-        _trials_panel(left, ok, model, net)
+        _trials_panel(left, found[(found["model"] == model) & (found["net"] == net)], model, net)
         _latency_panel(right, lat.xs((model, net), level=["model", "net"]), model, net)
     plotting.finish(fig, "bucket_cap_mb='auto': the search and where it settles", "", ok)
     return plotting.save(fig, EXPERIMENT, root)
 
 
-def _trials_panel(ax, ok: pd.DataFrame, model: str, net: str) -> None:
-    sel = ok[(ok["model"] == model) & (ok["net"] == net) & ok["autotune"].fillna(False).astype(bool)]
-    sel = sel[sel["rank"] == 0]
-    for k, (rep, rows) in enumerate(sel.groupby("repeat")):
-        x = rows["iteration"].to_numpy() + 1
-        ax.step(x, rows["bucket_cap_mb_used"].clip(lower=1e-3), where="post", color=f"C{k}", label=f"repetition {rep}")
-    ax.set(yscale="log", xlabel="synchronized iteration", ylabel="bucket cap in use (MiB; 0 drawn at 0.001)")
-    ax.set_title(f"{model}, net={net}: caps tried", fontsize=10)
+def _trials_panel(ax, found: pd.DataFrame, model: str, net: str) -> None:
+    for k, r in enumerate(found.sort_values("repeat").itertuples(index=False)):
+        x = [*r.log["iteration"], r.iterations]
+        y = [*r.log["cap_mb"], r.cap_mb]
+        ax.step(
+            x, np.clip(y, 1e-3, None), where="post", color=f"C{k}", label=f"repetition {r.repeat}: {r.cap_mb:g} MiB"
+        )
+    ax.set(yscale="log", xlabel="synchronized iteration", ylabel="bucket cap (MiB; 0 drawn at 0.001)")
+    ax.set_title(f"{model}, net={net}: caps tried, then settled", fontsize=10)
     ax.legend(fontsize=7)
 
 

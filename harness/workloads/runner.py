@@ -161,6 +161,7 @@ class _PointTrainer:
             image_size=spec.image_size,
             seq_len=spec.seq_len,
         )
+        self.settled_after = self.settle(ctx) if cfg.bucket_cap_mb == AUTO else 0
 
     def iteration(self, ctx: RankContext, it: int) -> dict | None:
         """Run iteration ``it`` (counted from the first warmup iteration); its row once past the warmup."""
@@ -180,12 +181,40 @@ class _PointTrainer:
         if it < cfg.warmup:
             return None
         row = dict(self.meta, iteration=it - cfg.warmup, synced=synced, loss=float(loss.detach()), **times, **split)
-        return row if cfg.bucket_cap_mb != AUTO else dict(row, **autotune_columns(self.trainer.model, cfg, it))
+        return (
+            row
+            if cfg.bucket_cap_mb != AUTO
+            else dict(row, **autotune_columns(self.trainer.model, cfg, it, self.settled_after))
+        )
+
+    def settle(self, ctx: RankContext) -> int:
+        """With ``bucket_cap_mb="auto"``: train, unmeasured, until the DDP's search has settled (by its 30th
+        synchronized iteration), so the warm-up and measured iterations run on the settled cap; returns how many ran."""
+        ddp, n = self.trainer.model, 0
+        while ddp.autotune_result is None:
+            if n == SETTLE_LIMIT * self.cfg.sync_every:
+                raise RuntimeError(f"bucket_cap_mb='auto': the search had not settled after {n} iterations")
+            timed_iteration(
+                self.cfg.model,
+                ddp,
+                self.trainer.optimizer,
+                self.inputs,
+                ctx,
+                no_sync=(n + 1) % self.cfg.sync_every != 0,
+                step=(n + 1) % self.cfg.sync_every == 0,
+                backward=self.trainer.backward,
+            )
+            n += 1
+        return n
 
 
-def autotune_columns(ddp, cfg: TrainConfig, it: int) -> dict:
-    """The autotune columns of iteration ``it`` (``results/README.md``): its cap, and on the last, the whole log."""
-    columns = dict(bucket_cap_mb_used=ddp.bucket_cap_mb_now, autotune_settled=ddp.autotune_result is not None)
+SETTLE_LIMIT = 60  # synchronized iterations: twice the search's budget
+
+
+def autotune_columns(ddp, cfg: TrainConfig, it: int, settled_after: int) -> dict:
+    """The autotune columns of iteration ``it`` (``results/README.md``): the settled cap, the iterations the search
+    took, and on the last row its log and result."""
+    columns = dict(bucket_cap_mb_used=ddp.bucket_cap_mb_now, autotune_iterations=settled_after)
     if it == cfg.warmup + cfg.iters - 1:
         columns["autotune_json"] = json.dumps(dict(log=ddp.autotune_log, result=ddp.autotune_result))
     return columns

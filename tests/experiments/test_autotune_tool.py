@@ -5,7 +5,7 @@ import pandas as pd
 
 from tests.in_process import run_experiments
 
-ARGS = ("--models=small", "--nets=loopback", "--auto_iters=31", "--iters=2", "--warmup=1", "--caps_mb=0,0.01,25")
+ARGS = ("--models=small", "--nets=loopback", "--iters=2", "--warmup=1", "--caps_mb=0,0.01,25")
 
 
 def test_the_search_is_measured_beside_every_fixed_cap(tmp_path):
