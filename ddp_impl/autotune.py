@@ -31,6 +31,7 @@ def attach(ddp, bucket_cap_mb, tune: bool, prior_mb: Sequence[float] | None) -> 
     result the search leaves (empty and None with a fixed cap). The log lists every trial: iteration, stage, round,
     cap_mb, ms agreed by every rank; the result, once settled: cap_mb, reason, iterations, settled_ms."""
     ddp._tuner = tuner_for(ddp, prior_mb) if tune else None
+    ddp._autotune_prior, ddp._tuned_at = prior_mb, -1
     ddp.bucket_cap_mb_now = DEFAULT_BUCKET_CAP_MB if tune or bucket_cap_mb is None else bucket_cap_mb
     ddp.autotune_log = ddp._tuner.log if tune else []
     ddp.autotune_result = None
@@ -67,27 +68,48 @@ def tuner_for(ddp, prior_mb: Sequence[float] | None) -> AutoTuner:
 
 
 def step(ddp) -> None:
-    """At a synchronized forward of a DDP still tuning: the tuner's step, the layout it asks for, and once settled
-    the tuner dropped (with its log and result left on the DDP)."""
+    """At a synchronized forward of a DDP still tuning: the tuner's step and the layout it asks for. A forward with
+    no reduction since the last step (no backward followed it) is not a step: only reductions are counted alike on
+    every rank."""
     tuner, reducer = ddp._tuner, ddp.reducer
-    cuda = reducer.params[0].device.type == "cuda"
-    if ddp._join_config.enable:  # a joined rank shadows the collectives of one layout: stop where every rank is
-        tuner.stop("stopped by a join context")
-        cap = tuner.result["cap_mb"]
-    else:
-        cap = tuner.on_forward(_now_ms(cuda))
-    if cap is not None and cap != ddp.bucket_cap_mb_now:
-        reducer.relayout(*caps_for(cap))
-        ddp.bucket_cap_mb_now = cap
-    if tuner.result is None:
-        tuner.trial_started(_now_ms(cuda))
+    if reducer.reductions == ddp._tuned_at:
         return
-    ddp._tuner, ddp.autotune_result = None, tuner.result
-    cap_bytes, first = caps_for(tuner.result["cap_mb"])
-    ddp._reducer_args.update(cap_bytes=cap_bytes, first_cap_bytes=first)  # an unpickled copy starts settled
+    ddp._tuned_at = reducer.reductions
+    device = reducer.params[0].device
+    _lay_out(ddp, tuner.on_forward(_now_ms(device)))
+    if tuner.result is None:
+        tuner.trial_started(_now_ms(device))
 
 
-def _now_ms(cuda: bool) -> float:
-    if cuda:  # the GPU's work of the trial belongs to it: wait for it (only while tuning)
-        torch.cuda.synchronize()
+def stop(ddp, why: str) -> None:
+    """Settle now on what the search resolved so far (every rank calls it at the same point), and lay out."""
+    ddp._tuner.stop(why)
+    _lay_out(ddp, ddp._tuner.result["cap_mb"])
+
+
+def _lay_out(ddp, cap: float | None) -> None:
+    """The buckets at ``cap`` (None: as they are); once the search has settled, the tuner dropped and the settled
+    caps kept for a copy of the model (pickling rebuilds the reducer)."""
+    tuner = ddp._tuner
+    if cap is not None and cap != ddp.bucket_cap_mb_now:
+        ddp.reducer.relayout(*caps_for(cap))
+        ddp.bucket_cap_mb_now = cap
+    if tuner.result is not None:
+        ddp._tuner, ddp.autotune_result = None, tuner.result
+        cap_bytes, first = caps_for(tuner.result["cap_mb"])
+        ddp._reducer_args.update(cap_bytes=cap_bytes, first_cap_bytes=first)
+
+
+def restart(ddp) -> None:
+    """An unpickled copy of a DDP whose search had not settled: its reducer is new, at the default caps, so its search
+    starts again."""
+    ddp.bucket_cap_mb_now = DEFAULT_BUCKET_CAP_MB
+    ddp._tuned_at = -1
+    ddp._tuner = tuner_for(ddp, ddp._autotune_prior)
+    ddp.autotune_log = ddp._tuner.log
+
+
+def _now_ms(device: torch.device) -> float:
+    if device.type == "cuda":  # the GPU's work of the trial belongs to it: wait for it (only while tuning)
+        torch.cuda.synchronize(device)
     return time.perf_counter() * 1e3

@@ -22,6 +22,7 @@ class BucketStore:
     """The reducer's storage: ``flats``, ``views``, the per-bucket lists the hot path indexes, and their filling."""
 
     layout_order: list[int] | None = None  # the gradient order the buckets follow once rebuilt (None: reverse)
+    reductions = 0  # synchronized backwards finished: the same count on every rank
 
     def _build(self, buckets: list[Bucket]) -> None:
         """Allocate one flat tensor per bucket and a view of it per parameter."""

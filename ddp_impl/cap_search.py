@@ -30,7 +30,7 @@ from typing import Callable, Sequence
 
 import torch
 
-from .options import DEFAULT_BUCKET_CAP_MB, MIB
+from .options import DEFAULT_BUCKET_CAP_MB, DEFAULT_FIRST_BUCKET_CAP_MB, MIB
 
 COARSE_MB = (1.0, 5.0, float(DEFAULT_BUCKET_CAP_MB), 100.0)  # fig7's sweep without its extremes
 WARMUP_ITERS = 2
@@ -58,11 +58,16 @@ def _median(x: Sequence[float]) -> float:
 
 def distinct_caps(caps_mb: Sequence[float], model_bytes: int) -> list[float]:
     """``caps_mb`` sorted, without repeats and without caps that lay out the same buckets: every cap at or above the
-    model's gradient bytes gives one bucket, so of those only the default (else the smallest) is kept."""
+    model's gradient bytes gives one bucket, so of those only the smallest is kept, and the default (its first bucket
+    of 1 MiB makes it another layout when the model is larger than that)."""
     caps = sorted({float(c) for c in caps_mb})
     below = [c for c in caps if c * MIB < model_bytes]
     above = [c for c in caps if c * MIB >= model_bytes]
-    return below + ([float(DEFAULT_BUCKET_CAP_MB)] if DEFAULT_BUCKET_CAP_MB in above else above[:1])
+    one_bucket = [c for c in above if c != DEFAULT_BUCKET_CAP_MB][:1]
+    if DEFAULT_BUCKET_CAP_MB in above:
+        default_is_one_bucket = model_bytes <= DEFAULT_FIRST_BUCKET_CAP_MB * MIB
+        return below + sorted({float(DEFAULT_BUCKET_CAP_MB), *([] if default_is_one_bucket else one_bucket)})
+    return below + one_bucket
 
 
 @dataclass
@@ -123,6 +128,7 @@ class AutoTuner:
         self._round_ms: list[float] = []
         self._trial_start: float | None = None
         self._coarse: list[float] = []
+        self._finished: Stage | None = None  # the last stage that ended
 
     # ---- the per-iteration step ----------------------------------------------------------------------
     def on_forward(self, now_ms: float) -> float | None:
@@ -155,6 +161,8 @@ class AutoTuner:
 
     def _begin(self, name: str, candidates: list[float]) -> None:
         left = self.budget - self.iteration  # trials that fit before the settled cap's first iteration
+        if name == "coarse":  # leave room for a fine stage of four candidates
+            left -= MIN_ROUNDS * 4
         rounds = left // max(len(candidates), 1)
         if name != "prior":
             rounds = min(rounds, MAX_ROUNDS)
@@ -179,7 +187,9 @@ class AutoTuner:
             self._eliminate(stage)
         if len(stage.candidates) > 1 and stage.rounds < stage.max_rounds:
             self._next_round()
-        elif stage.name == "coarse" and self._resolved(stage)[0] != DEFAULT_BUCKET_CAP_MB:
+            return
+        self._finished = stage
+        if stage.name == "coarse" and self._resolved(stage)[0] != DEFAULT_BUCKET_CAP_MB:
             self._begin("fine", self._fine_candidates(stage))  # refine only a region resolved faster
         else:
             self._settle(stage, None)
@@ -222,10 +232,10 @@ class AutoTuner:
         self.result = dict(cap_mb=cap, reason=reason, iterations=self.iteration, settled_ms=settled)
 
     def stop(self, why: str) -> None:
-        """Called at a synchronized forward instead of :meth:`on_forward`: settle now, on what the rounds so far
-        resolved (every rank stops at the same iteration); the running trial and an unfinished round are dropped."""
-        self.iteration += 1
-        stage = self.stage if self.stage is not None and self.stage.rounds else None
+        """Settle now, between synchronized iterations, on the last stage that ran :data:`MIN_ROUNDS` rounds (every
+        rank stops at the same point); the running trial and an unfinished round are dropped."""
+        stage = self.stage if self.stage is not None and self.stage.rounds >= MIN_ROUNDS else self._finished
         self._settle(stage, why)
+        self.result["iterations"] = self.iteration + 1  # the settled cap's first synchronized iteration
         if stage is None:
-            self.result["reason"] = f"the default {DEFAULT_BUCKET_CAP_MB:g} MiB: tuning {why} before any round"
+            self.result["reason"] = f"the default {DEFAULT_BUCKET_CAP_MB:g} MiB: tuning {why} before a stage ended"

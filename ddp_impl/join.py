@@ -103,7 +103,12 @@ class JoinableDDP(Joinable):
         )
 
     def join_hook(self, **kwargs) -> DDPJoinHook:
-        """Joinable's API: what a joined rank runs while others still train (``Join([model, optimizer])``)."""
+        """Joinable's API: what a joined rank runs while others still train (``Join([model, optimizer])``). Every rank
+        builds its join context at the same point, so a bucket-cap search settles here, where every rank is."""
+        if self._tuner is not None:
+            from . import autotune
+
+            autotune.stop(self, "stopped by a join context")
         return DDPJoinHook(self, kwargs.get("divide_by_initial_world_size", True))
 
     @property

@@ -94,12 +94,18 @@ class Picklable:
         state = dict(self.__dict__)
         for key in ("process_group", "_primary", "reducer", "_join_flag"):
             state.pop(key, None)
+        if state.get("_tuner") is not None:  # a search not settled: the copy starts its own (autotune.restart)
+            state["_tuner"] = True
         return state
 
     def __setstate__(self, state):
         super().__setstate__(state)
         self.process_group = self._primary = dist.group.WORLD
         self.reducer = self._make_reducer()
+        if self._tuner is not None:
+            from . import autotune
+
+            autotune.restart(self)
         if self._comm_hook is not None:
             self.reducer.comm_hook, self.reducer.comm_state = self._comm_hook
         track(self)

@@ -31,6 +31,7 @@ class WriteBack:
         """Runs once autograd has finished: wait for each bucket, write its averages back to ``.grad``."""
         self.expect_hooks = False
         self._started = False
+        self.reductions += 1
         timing = self.timing
         if timing is not None:
             _stamp_backward_end(timing)

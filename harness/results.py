@@ -73,6 +73,7 @@ SCHEMA: dict[str, str] = {
     "autotune": "boolean",
     "bucket_cap_mb_used": "float64",
     "autotune_iterations": "Int64",
+    "autotune_ms": "float64",
     "autotune_json": "string",
     "num_params": "Int64",
     "batch_size_used": "Int64",

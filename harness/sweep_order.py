@@ -31,6 +31,7 @@ def schedule(points: dict[str, PointConfig], seed: int) -> dict[str, PointConfig
 INTERLEAVED_FIELDS = (
     "impl",
     "bucket_cap_mb",
+    "autotune_prior_mb",
     "overlap",
     "sync_every",
     "round_robin_groups",

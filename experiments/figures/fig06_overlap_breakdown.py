@@ -38,9 +38,8 @@ class Config(common.ModelSweep):
     """Overlap on and off per model and backend; every field is a --key=value override."""
 
     world_size: int = 2  # ranks
-    bucket_cap_mb: float | str = (
-        DEFAULT_BUCKET_CAP_MB  # DDP bucket cap (MiB), or auto (ours finds it while training, before measuring)
-    )
+    # DDP bucket cap (MiB), or auto: ours finds it while training, before measuring
+    bucket_cap_mb: float | str = DEFAULT_BUCKET_CAP_MB
     cluster: str = paper_scale.DEFAULT_CLUSTER  # cluster simulated at the paper's scale, a panel beside ('' = none)
 
 

@@ -31,9 +31,7 @@ class Config(common.ModelSweep):
     """Weak-scaling sweep over world sizes; every field is a --key=value override."""
 
     world_sizes: tuple[int, ...] = (1, 2, 4)  # ranks, a point each (weak scaling: the batch per rank is fixed)
-    bucket_cap_mb: float | str = (
-        DEFAULT_BUCKET_CAP_MB  # DDP bucket cap (MiB), or auto (ours finds it while training, before measuring)
-    )
+    bucket_cap_mb: float = DEFAULT_BUCKET_CAP_MB  # DDP bucket cap (MiB)
     impl: str = "ours"  # whose DDP: ours | torch
     # fixed, so that every world size does the same compute per rank
     threads_per_rank: int = 1  # torch's threads per rank; 0 = cores // ranks
@@ -52,7 +50,7 @@ def points(cfg: Config) -> list[TrainConfig]:
 
 def _selected(df, cfg: Config):
     ok = common.ok_rows(df, net=cfg.net, hosts=cfg.hosts)
-    return ok[ok["model"].isin(cfg.models) & common.at_cap(ok, cfg.bucket_cap_mb)]
+    return ok[ok["model"].isin(cfg.models) & (ok["bucket_cap_mb"] == cfg.bucket_cap_mb)]
 
 
 def plot(df, cfg: Config):
@@ -79,9 +77,7 @@ def plot(df, cfg: Config):
         ax.set_ylabel("per-iteration latency (ms)")
         ax.legend(fontsize=8)
 
-    simulated = cfg.cluster and (
-        lambda ax, model: paper_scale.draw_scaling(ax, cfg.cluster, model, common.simulated_cap(cfg.bucket_cap_mb))
-    )
+    simulated = cfg.cluster and (lambda ax, model: paper_scale.draw_scaling(ax, cfg.cluster, model, cfg.bucket_cap_mb))
     fig = plotting.model_backend_panels(ok, cfg.models, cfg.backends, unavailable, draw, simulated=simulated)
     note = ". On one machine, ranks also share its CPU cores" + paper_scale.caption(cfg.cluster)
     sizes = sorted(int(n) for n in ok.loc[ok["impl"] != "local", "world_size"].unique()) if len(ok) else []

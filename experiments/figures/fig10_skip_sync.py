@@ -35,9 +35,8 @@ class Config(common.ModelSweep):
 
     world_sizes: tuple[int, ...] = (2, 4)  # ranks, a point each
     sync_every: tuple[int, ...] = (1, 2, 4, 8)  # n: synchronize 1 of every n iterations (no_sync on the others)
-    bucket_cap_mb: float | str = (
-        DEFAULT_BUCKET_CAP_MB  # DDP bucket cap (MiB), or auto (ours finds it while training, before measuring)
-    )
+    # DDP bucket cap (MiB), or auto: ours finds it while training, before measuring
+    bucket_cap_mb: float | str = DEFAULT_BUCKET_CAP_MB
     impl: str = "ours"  # whose DDP: ours | torch
     iters: int = 8  # measured iterations per point, repetition and rank: a multiple of every n
 

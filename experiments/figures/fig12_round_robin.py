@@ -29,9 +29,8 @@ class Config(common.ModelSweep):
 
     world_size: int = 2  # ranks
     groups: tuple[int, ...] = (1, 3, 5)  # k: process groups used round-robin, a point each
-    bucket_cap_mb: float | str = (
-        DEFAULT_BUCKET_CAP_MB  # DDP bucket cap (MiB), or auto (ours finds it while training, before measuring)
-    )
+    # DDP bucket cap (MiB), or auto: ours finds it while training, before measuring
+    bucket_cap_mb: float | str = DEFAULT_BUCKET_CAP_MB
 
 
 def points(cfg: Config) -> list[TrainConfig]:

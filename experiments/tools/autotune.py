@@ -23,7 +23,9 @@ import numpy as np
 import pandas as pd
 
 from ddp_impl import DEFAULT_BUCKET_CAP_MB
+from ddp_impl.cap_search import WARMUP_ITERS
 from experiments import common, plotting
+from experiments.common import is_auto
 from experiments.stats import bootstrap_median_ci, ratio_of_medians_ci
 from harness import TrainConfig, parse_dataclass, run_sweep
 from harness.config import validate
@@ -92,26 +94,32 @@ def run(cfg: Config, root=None) -> pd.DataFrame:
         todo = points(cfg, prior)
         preflight(todo)
     ok = common.ok_rows(run_sweep(EXPERIMENT, todo, root=root))  # every stored point: keep this run's settings'
-    auto = ok["autotune"].fillna(False).astype(bool)
-    mine = (auto & ok["autotune_prior_mb"].fillna("").isin(set(prior.values()))) | ok["bucket_cap_mb"].isin(cfg.caps_mb)
+    auto = is_auto(ok)
+    wanted = pd.Series([prior.get(k) for k in zip(ok["model"], ok["net"])], index=ok.index)
+    mine = (auto & (ok["autotune_prior_mb"].fillna("") == wanted)) | ok["bucket_cap_mb"].isin(cfg.caps_mb)
     mine &= (ok["iters"] == cfg.iters) & (ok["warmup"] == cfg.warmup)
     return ok[mine & ok["model"].isin(cfg.models) & ok["net"].isin(cfg.nets) & (ok["world_size"] == cfg.world_size)]
 
 
 def searches(ok: pd.DataFrame) -> pd.DataFrame:
-    """One row per tuning point (model, net, repeat): what its search settled on and its log, from rank 0's last row;
-    ``extra_ms``: its trials' time beyond as many iterations at the settled cap (the median of that cap's trials)."""
-    tuned = ok[ok["autotune"].fillna(False).astype(bool) & (ok["rank"] == 0) & (ok["autotune_json"].fillna("") != "")]
+    """One row per tuning point (model, net, repeat): what its search settled on and its log (rank 0's last row), and
+    the iterations and wall ms it took until settled (the slower rank's)."""
+    tuned = ok[is_auto(ok)]
+    took = tuned.groupby(["model", "net", "repeat"])[["autotune_iterations", "autotune_ms"]].max()
     rows = []
-    for _, r in tuned.iterrows():
+    for _, r in tuned[(tuned["rank"] == 0) & (tuned["autotune_json"].fillna("") != "")].iterrows():
         search = json.loads(r["autotune_json"])
-        result, log = search["result"], pd.DataFrame(search["log"], columns=["iteration", "cap_mb", "ms"])
-        at_settled = log[log["cap_mb"] == result["cap_mb"]]["ms"]
-        extra = float((log["ms"] - at_settled.median()).sum()) if len(at_settled) else 0.0
-        prior = r["autotune_prior_mb"] or "coarse-to-fine"
+        key = (r["model"], r["net"], r["repeat"])
         rows.append(
             dict(
-                model=r["model"], net=r["net"], repeat=int(r["repeat"]), prior=prior, extra_ms=extra, log=log, **result
+                model=r["model"],
+                net=r["net"],
+                repeat=int(r["repeat"]),
+                prior=r["autotune_prior_mb"] if pd.notna(r["autotune_prior_mb"]) and r["autotune_prior_mb"] else "",
+                log=pd.DataFrame(search["log"], columns=["iteration", "cap_mb", "ms"]),
+                settle_iterations=int(took.loc[key, "autotune_iterations"]),
+                settle_ms=float(took.loc[key, "autotune_ms"]),
+                **search["result"],
             )
         )
     return pd.DataFrame(rows)
@@ -119,7 +127,7 @@ def searches(ok: pd.DataFrame) -> pd.DataFrame:
 
 def repeat_latencies(ok: pd.DataFrame) -> pd.DataFrame:
     """Per (model, net, repeat): the median ms of each fixed cap's point and of the tuning point (settled)."""
-    auto = ok["autotune"].fillna(False).astype(bool)
+    auto = is_auto(ok)
     both = ok.assign(cap=ok["bucket_cap_mb"].astype(object).where(~auto, "auto"))
     return both.groupby(["model", "net", "repeat", "cap"])["total_ms"].median().unstack("cap")
 
@@ -132,13 +140,15 @@ def summary(ok: pd.DataFrame, seed: int = 0) -> pd.DataFrame:
         fixed = per.drop(columns="auto")
         best = fixed.median().idxmin()
         mine = found[(found["model"] == model) & (found["net"] == net)]
+        rows_here = ok[(ok["model"] == model) & (ok["net"] == net)]
         settled, best_ms = per["auto"].to_numpy(), per[best].to_numpy()
         rows.append(
             dict(
                 model=model,
                 net=net,
+                rate_mbit=float(rows_here["net_rate_mbit"].median()),
                 repeats=len(per),
-                prior=" | ".join(sorted(set(mine["prior"]))),
+                prior=" | ".join(sorted(set(mine["prior"]))) or "coarse-to-fine",
                 settled_caps=" ".join(f"{c:g}" for c in mine.sort_values("repeat")["cap_mb"]),
                 iterations_max=int(mine["iterations"].max()),
                 best_fixed_mb=best,
@@ -146,7 +156,8 @@ def summary(ok: pd.DataFrame, seed: int = 0) -> pd.DataFrame:
                 settled_ms=float(np.median(settled)),
                 **_ratio("settled_vs_best", settled, best_ms, rng),
                 **_ratio("default_vs_best", per[DEFAULT_CAP_MB].to_numpy(), best_ms, rng),
-                **_tuning_cost(mine["extra_ms"].to_numpy(), float(np.median(best_ms)), rng),
+                **_tuning_cost(mine, per[best], rng),
+                git_commit=" ".join(sorted(set(rows_here["git_commit"].dropna()))),
             )
         )
     return pd.DataFrame(rows)
@@ -157,11 +168,17 @@ def _ratio(name: str, a, b, rng) -> dict:
     return {name: float(np.median(a) / np.median(b)), f"{name}_lo": lo, f"{name}_hi": hi}
 
 
-def _tuning_cost(extra: np.ndarray, best_ms: float, rng) -> dict:
-    """What the search's trials cost per repetition (median, interval), also in iterations at the best fixed cap."""
+def _tuning_cost(mine: pd.DataFrame, best: pd.Series, rng) -> dict:
+    """Per repetition, the time until settled beyond as many iterations at that repetition's best fixed cap (median
+    and interval over repetitions; also in iterations' worth)."""
+    at_best = best.droplevel(["model", "net"]).reindex(mine["repeat"]).to_numpy()
+    timed = mine["settle_iterations"].to_numpy() - WARMUP_ITERS  # the runner times the search's own iterations
+    extra = mine["settle_ms"].to_numpy() - timed * at_best
     lo, hi = bootstrap_median_ci(extra, rng)
     med = float(np.median(extra))
-    return dict(tuning_extra_ms=med, tuning_extra_ms_lo=lo, tuning_extra_ms_hi=hi, tuning_extra_iters=med / best_ms)
+    return dict(
+        tuning_extra_ms=med, tuning_extra_ms_lo=lo, tuning_extra_ms_hi=hi, tuning_extra_iters=med / best.median()
+    )
 
 
 def plot(ok: pd.DataFrame, table: pd.DataFrame, root=None):

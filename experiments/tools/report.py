@@ -19,7 +19,7 @@ import re
 import pandas as pd
 
 from experiments import registry
-from experiments.tools.report_bench import bench, bucket_cost, gpu_check, ideal, machine, memory
+from experiments.tools.report_bench import autotune, bench, bucket_cost, gpu_check, ideal, machine, memory
 from experiments.tools.report_simulator import hostval, simval
 from harness import load_results
 from harness.results import REFERENCE
@@ -147,6 +147,7 @@ REGIONS = {
     "bucket-cost": bucket_cost,
     "hostval": hostval,
     "gpu-check": gpu_check,
+    "autotune": autotune,
     "run-times": run_times,
 }
 

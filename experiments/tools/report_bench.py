@@ -99,6 +99,26 @@ def bucket_cost() -> str:
     )
 
 
+def autotune() -> str:
+    """``make autotune``'s summary: where the search settled, against the best fixed cap and torch's default."""
+    t = pd.read_csv(REFERENCE / "autotune" / "summary.csv")
+    rows = [
+        "| model | link, Mbit/s per rank | settled on (MiB, per repetition) | iterations until settled, at most | "
+        "settled / best fixed cap | torch's 25 MiB / best | what tuning cost, ms (iterations' worth) |",
+        "|---|---|---|---|---|---|---|",
+    ]
+    for r in t.itertuples(index=False):
+        rate = "loopback" if pd.isna(r.rate_mbit) else f"{r.net}, {r.rate_mbit:.0f}"
+        rows.append(
+            f"| {r.model} | {rate} | {r.settled_caps} | {r.iterations_max} | **{r.settled_vs_best:.3f} "
+            f"[{r.settled_vs_best_lo:.3f}, {r.settled_vs_best_hi:.3f}]** (best: {r.best_fixed_mb:g} MiB) | "
+            f"{r.default_vs_best:.3f} [{r.default_vs_best_lo:.3f}, {r.default_vs_best_hi:.3f}] | "
+            f"{r.tuning_extra_ms:.0f} [{r.tuning_extra_ms_lo:.0f}, {r.tuning_extra_ms_hi:.0f}] "
+            f"({r.tuning_extra_iters:.1f}) |"
+        )
+    return "\n".join(rows) + f"\n\n{t['repeats'].max()} repetitions." + _stale(t["git_commit"].str.split().explode())
+
+
 def gpu_check() -> str:
     """The stored summary of ``make gpu-check`` (written by it on the GPU machine): the parity verdict, the bench per
     point and ``predict`` beside fig7; its headings demoted."""

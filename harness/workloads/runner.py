@@ -41,7 +41,7 @@ from harness.config import TrainConfig
 from harness.launch.allocator import trim_heap
 from harness.launch.faults import inject_fault
 from harness.launch.spawn import RankContext
-from harness.workloads import memory
+from harness.workloads import autotune_point, memory
 from harness.workloads.breakdown import Breakdown
 from harness.workloads.models import compute_loss, input_spec, make_inputs, seeded_model
 from harness.workloads.phases import ms, stamp
@@ -161,7 +161,7 @@ class _PointTrainer:
             image_size=spec.image_size,
             seq_len=spec.seq_len,
         )
-        self.settled_after = self.settle(ctx) if cfg.bucket_cap_mb == AUTO else 0
+        self.settled = self.settle(ctx) if cfg.bucket_cap_mb == AUTO else (0, 0.0)  # (iterations, ms)
 
     def iteration(self, ctx: RankContext, it: int) -> dict | None:
         """Run iteration ``it`` (counted from the first warmup iteration); its row once past the warmup."""
@@ -184,40 +184,21 @@ class _PointTrainer:
         return (
             row
             if cfg.bucket_cap_mb != AUTO
-            else dict(row, **autotune_columns(self.trainer.model, cfg, it, self.settled_after))
+            else dict(row, **autotune_point.columns(self.trainer.model, cfg, it, *self.settled))
         )
 
-    def settle(self, ctx: RankContext) -> int:
-        """With ``bucket_cap_mb="auto"``: train, unmeasured, until the DDP's search has settled (by its 30th
-        synchronized iteration), so the warm-up and measured iterations run on the settled cap; returns how many ran."""
-        ddp, n = self.trainer.model, 0
-        while ddp.autotune_result is None:
-            if n == SETTLE_LIMIT * self.cfg.sync_every:
-                raise RuntimeError(f"bucket_cap_mb='auto': the search had not settled after {n} iterations")
+    def settle(self, ctx: RankContext) -> tuple[int, float]:
+        """With ``bucket_cap_mb="auto"``: :func:`harness.workloads.autotune_point.settle` on this point's iterations."""
+        cfg = self.cfg
+
+        def iterate(n: int) -> None:
+            synced = (n + 1) % cfg.sync_every == 0
             timed_iteration(
-                self.cfg.model,
-                ddp,
-                self.trainer.optimizer,
-                self.inputs,
-                ctx,
-                no_sync=(n + 1) % self.cfg.sync_every != 0,
-                step=(n + 1) % self.cfg.sync_every == 0,
-                backward=self.trainer.backward,
-            )
-            n += 1
-        return n
+                cfg.model, self.trainer.model, self.trainer.optimizer, self.inputs, ctx,
+                no_sync=not synced, step=synced, backward=self.trainer.backward,
+            )  # fmt: skip
 
-
-SETTLE_LIMIT = 60  # synchronized iterations: twice the search's budget
-
-
-def autotune_columns(ddp, cfg: TrainConfig, it: int, settled_after: int) -> dict:
-    """The autotune columns of iteration ``it`` (``results/README.md``): the settled cap, the iterations the search
-    took, and on the last row its log and result."""
-    columns = dict(bucket_cap_mb_used=ddp.bucket_cap_mb_now, autotune_iterations=settled_after)
-    if it == cfg.warmup + cfg.iters - 1:
-        columns["autotune_json"] = json.dumps(dict(log=ddp.autotune_log, result=ddp.autotune_result))
-    return columns
+        return autotune_point.settle(self.trainer.model, iterate, cfg.sync_every)
 
 
 def run_training_point(ctx: RankContext, cfg: TrainConfig) -> list[dict]:

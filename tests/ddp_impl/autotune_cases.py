@@ -4,6 +4,9 @@ import this module."""
 
 from __future__ import annotations
 
+import io
+from copy import deepcopy
+
 import torch
 from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
 from torch.distributed.algorithms.join import Join
@@ -70,3 +73,20 @@ def stopped_by_join(ctx):
         for _ in range(3 + 2 * ctx.rank):
             model(x).sum().backward()
     return model.autotune_result, len(model.autotune_log)
+
+
+def stray_forward_and_copies(ctx):
+    """Mid-search: rank 0 alone runs a forward with no backward (a metric computed with grad on), then both ranks
+    copy the model (deepcopy, torch.save): the ranks still agree, the copies start a search of their own."""
+    torch.manual_seed(0)
+    model = OurDDP(torch.nn.Linear(8, 8).double(), bucket_cap_mb="auto", autotune_prior_mb=PRIOR)
+    x = torch.randn(4, 8, dtype=torch.float64)
+    for i in range(40):
+        if i in (4, 9) and ctx.rank == 0:
+            model(x)  # no backward: not a step of the search
+        model(x).sum().backward()
+        if i == 6:
+            copy, saved = deepcopy(model), io.BytesIO()
+            torch.save(model, saved)
+            copied = (copy.bucket_cap_mb_now, copy.autotune_log, copy._tuner is not None, saved.tell() > 0)
+    return model.autotune_result, model.autotune_log, copied

@@ -60,7 +60,8 @@ def test_a_prior_narrows_the_search_to_its_best_caps_and_the_default():
 def test_a_model_smaller_than_every_cap_has_nothing_to_tune():
     result, log = search(valley(3.0), model_bytes=MIB // 2)
     assert (result["cap_mb"], log, result["iterations"]) == (DEFAULT_BUCKET_CAP_MB, [], 3)
-    assert distinct_caps([1, 5, 25, 100], 20 * MIB) == [1, 5, 25]  # 25 and 100 both give one bucket
+    assert distinct_caps([1, 5, 25, 100], 20 * MIB) == [1, 5, 25, 100]  # 25: a 1 MiB bucket first, 100: one
+    assert distinct_caps([1, 25, 100], MIB // 2) == [25]  # all one bucket: the default kept
     assert distinct_caps([0, 40, 100], 30 * MIB) == [0, 40]
 
 
@@ -92,3 +93,11 @@ def test_a_join_context_stops_the_search_where_every_rank_is():
     assert ranks[0] == ranks[1]
     result, trials = ranks[0]
     assert "join" in result["reason"] and result["iterations"] == 6 and trials == 2  # 0 MiB and the default
+
+
+def test_a_stray_forward_on_one_rank_and_copies_mid_search_keep_the_ranks_agreed():
+    ranks = launch(autotune_cases.stray_forward_and_copies, 2, "gloo", timeout_s=60, deadline_s=120)
+    assert ranks[0] == ranks[1]  # the same trials, times and choice on both ranks
+    result, log, (copy_cap, copy_log, copy_tuning, saved) = ranks[0]
+    assert result is not None and {t["cap_mb"] for t in log} == {0.0, 25.0}
+    assert (copy_cap, copy_log, copy_tuning, saved) == (25.0, [], True, True)
