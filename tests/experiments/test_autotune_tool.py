@@ -20,6 +20,13 @@ def test_the_search_is_measured_beside_every_fixed_cap(tmp_path):
     assert (tmp_path / "figures" / "autotune.png").stat().st_size > 0
 
 
+def test_without_a_prior_a_model_smaller_than_every_cap_settles_at_once(tmp_path):
+    done = run_experiments("autotune", *ARGS, "--repeats=2", env={"DDP_REPRO_RESULTS": str(tmp_path)})
+    assert done.returncode == 0, done.stderr
+    (row,) = pd.read_csv(tmp_path / "autotune" / "summary.csv").itertuples()
+    assert (row.prior, row.settled_caps, row.iterations_max) == ("coarse-to-fine", "25 25", 3)
+
+
 def test_one_repetition_is_refused_in_one_line(tmp_path):
     done = run_experiments("autotune", *ARGS, "--repeats=1", env={"DDP_REPRO_RESULTS": str(tmp_path)})
     assert done.returncode == 2 and "repeats=1" in done.stderr and len(done.stderr.strip().splitlines()) == 1
