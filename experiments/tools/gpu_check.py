@@ -12,6 +12,7 @@
 3. A ``fig7`` smoke on NCCL (the caps above, one repetition).
 4. ``predict`` for every point fig7 measured, beside its measurement (the first cap of a model probes, the others
    reuse its calibration).
+5. ``make autotune``: ``bucket_cap_mb="auto"`` settling beside every fixed cap (three repetitions).
 
 Writes ``<out>/summary.md`` (default ``<results>/gpu-check``) after each step: a step that raises is recorded there
 and the rest still run. The bench's CSVs and fig7's results lie beside it (a results root of its own, so a smoke
@@ -29,6 +30,8 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+import pandas as pd
+
 from ddp_impl import DEFAULT_BUCKET_CAP_MB
 from experiments import parity
 from experiments.tools.bench import BenchConfig, run_bench, validate_bench
@@ -41,7 +44,7 @@ from harness.launch.spawn import launch
 from harness.results import results_root
 
 PROG = "python -m experiments gpu-check"
-STEPS = ("parity", "bench", "fig7", "predict")
+STEPS = ("parity", "bench", "fig7", "predict", "autotune")
 
 
 @dataclass(frozen=True)
@@ -56,7 +59,7 @@ class GpuCheckConfig:
     )  # DDP bucket caps (MiB) of bench, fig7 and predict
     bench_iters: int = 20  # the bench's measured rounds
     fig7_iters: int = 5  # fig7's measured iterations per point
-    steps: tuple[str, ...] = STEPS  # parity | bench | fig7 | predict: a subset reruns part of the check
+    steps: tuple[str, ...] = STEPS  # parity | bench | fig7 | predict | autotune: a subset reruns part of the check
     out: str = ""  # output folder; "" = <results>/gpu-check
     timeout_s: float = 300.0  # process group timeout, seconds; a step's command may run 4x that
 
@@ -187,6 +190,16 @@ def predict_beside(cfg: GpuCheckConfig, p: dict, out: Path, measured: dict) -> l
     return rows
 
 
+def autotune_beside(cfg: GpuCheckConfig, p: dict, out: Path) -> list[dict]:
+    """``make autotune`` on this machine's ranks (NCCL on GPUs): where the search settles beside every fixed cap."""
+    nets = ["--nets=loopback"] if cfg.device == "cpu" else []
+    args = ["autotune", f"--models={','.join(cfg.models)}", f"--world_size={p['world_size']}", *nets]
+    proc = _cli([*args, f"--iters={cfg.fig7_iters}"], out, 8 * cfg.timeout_s)
+    if proc.returncode != 0:
+        raise RuntimeError((proc.stderr.strip().splitlines() or [f"autotune exited {proc.returncode}"])[-1])
+    return pd.read_csv(out / "results" / "autotune" / "summary.csv").to_dict("records")
+
+
 def _step(fn) -> object:
     """A step's result, or ``{"error": ...}``: one step failing (a driver refusing this device, say) must not cost
     the steps after it their measurements on a machine lent for minutes."""
@@ -224,6 +237,7 @@ def run(cfg: GpuCheckConfig) -> int:
         "bench": ("bench", lambda: run_bench(bench_cfg)),
         "fig7": ("fig7 smoke", lambda: fig7_smoke(cfg, p, out)),
         "predict": ("predict", lambda: predict_beside(cfg, p, out, done.get("fig7", {}).get("median_ms", {}))),
+        "autotune": ("autotune", lambda: autotune_beside(cfg, p, out)),
     }
     done: dict = {}
     todo = [step for step in STEPS if step in cfg.steps]

@@ -54,11 +54,25 @@ def _predict_lines(predictions: list[dict]) -> list[str]:
     return lines
 
 
+def _autotune_lines(rows: list[dict]) -> list[str]:
+    lines = [
+        "| model | settled on (MiB, per repetition) | iterations, at most | settled / best fixed | 25 MiB / best |",
+        "|---|---|---|---|---|",
+    ]
+    return lines + [
+        f"| {r['model']} | {r['settled_caps']} | {r['iterations_max']} | {r['settled_vs_best']:.3f} "
+        f"[{r['settled_vs_best_lo']:.3f}, {r['settled_vs_best_hi']:.3f}] ({r['best_fixed_mb']:g} MiB) | "
+        f"{r['default_vs_best']:.3f} [{r['default_vs_best_lo']:.3f}, {r['default_vs_best_hi']:.3f}] |"
+        for r in rows
+    ]
+
+
 SECTIONS = {
     "parity": ("1. Ours against torch's DDP (largest relative difference, gradients and final state)", _parity_lines),
     "bench": ("2. Bench: ours / torch per round (median, 95% interval); instrumentation cost", _bench_lines),
     "fig7": ("3. fig7 smoke (ours, one repetition: median of the slowest rank's iteration)", _fig7_lines),
     "predict": ("4. predict beside fig7's measurement", _predict_lines),
+    "autotune": ("5. bucket_cap_mb='auto' beside every fixed cap (make autotune)", _autotune_lines),
 }
 
 

@@ -48,6 +48,7 @@ def test_every_step_runs_and_lands_in_the_summary_on_cpu(tmp_path):
     predicted = [line for line in text.splitlines() if line.startswith("| small | 25 | ") and "%" in line]
     assert len(predicted) == 1 and "failed" not in predicted[0]
     assert (tmp_path / "bench" / "summary.csv").exists() and (tmp_path / "results").is_dir()
+    assert "| small | 25 25 25 | 3 |" in text  # autotune: nothing to tune in a model smaller than every cap
 
 
 def test_a_failing_step_is_recorded_and_the_steps_after_it_still_run(tmp_path, monkeypatch):
@@ -87,6 +88,6 @@ def test_steps_runs_only_the_steps_named_and_refuses_unknown_ones(tmp_path, monk
     cfg = GpuCheckConfig(device="cpu", models=("small",), steps=("fig7",), out=str(tmp_path))
     assert gpu_check.run(cfg) == 0
     text = (tmp_path / "summary.md").read_text()
-    assert text.count("(not run: not in --steps)") == 3
-    with pytest.raises(ValueError, match="steps must be a non-empty subset of parity,bench,fig7,predict"):
+    assert text.count("(not run: not in --steps)") == 4
+    with pytest.raises(ValueError, match="steps must be a non-empty subset of parity,bench,fig7,predict,autotune"):
         gpu_check.plan(GpuCheckConfig(steps=("fig7", "bnech")))
