@@ -103,10 +103,7 @@ def _lay_out(ddp, cap: float | None) -> None:
 def restart(ddp) -> None:
     """An unpickled copy of a DDP whose search had not settled: its reducer is new, at the default caps, so its search
     starts again."""
-    ddp.bucket_cap_mb_now = DEFAULT_BUCKET_CAP_MB
-    ddp._tuned_at = -1
-    ddp._tuner = tuner_for(ddp, ddp._autotune_prior)
-    ddp.autotune_log = ddp._tuner.log
+    attach(ddp, AUTO, True, ddp._autotune_prior)
 
 
 def _now_ms(device: torch.device) -> float:
