@@ -104,7 +104,8 @@ def autotune() -> str:
     t = pd.read_csv(REFERENCE / "autotune" / "summary.csv")
     rows = [
         "| model | link, Mbit/s per rank | settled on (MiB, per repetition) | iterations until settled, at most | "
-        "settled / best fixed cap | torch's 25 MiB / best | what tuning cost, ms (iterations' worth) |",
+        f"settled / best fixed cap ({t['repeats'].max()} repetitions) | torch's 25 MiB / best | "
+        "what tuning cost, ms (iterations' worth) |",
         "|---|---|---|---|---|---|---|",
     ]
     for r in t.itertuples(index=False):
@@ -116,7 +117,7 @@ def autotune() -> str:
             f"{r.tuning_extra_ms:.0f} [{r.tuning_extra_ms_lo:.0f}, {r.tuning_extra_ms_hi:.0f}] "
             f"({r.tuning_extra_iters:.1f}) |"
         )
-    return "\n".join(rows) + f"\n\n{t['repeats'].max()} repetitions." + _stale(t["git_commit"].str.split().explode())
+    return "\n".join(rows) + _stale(t["git_commit"].str.split().explode())
 
 
 def gpu_check() -> str:
