@@ -133,7 +133,10 @@ def repeat_latencies(ok: pd.DataFrame) -> pd.DataFrame:
 
 
 def summary(ok: pd.DataFrame, seed: int = 0) -> pd.DataFrame:
-    """Per model and link: the search's outcome beside the best fixed cap and torch's default (module docstring)."""
+    """Per model and link: the search's outcome beside the best fixed cap and torch's default (module docstring).
+    Columns: model, net, rate_mbit, repeats, prior, settled_caps (one per repetition), iterations_max, best_fixed_mb,
+    best_fixed_ms, settled_ms, settled_vs_best and default_vs_best (each with _lo and _hi: 95% over repetitions,
+    paired), tuning_extra_ms (with _lo, _hi), tuning_extra_iters, git_commit."""
     lat, found = repeat_latencies(ok), searches(ok)
     rng, rows = np.random.default_rng(seed), []
     for (model, net), per in lat.groupby(level=["model", "net"]):
