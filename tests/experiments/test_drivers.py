@@ -20,8 +20,8 @@ from tests.experiments.test_verdicts import fig7_case
 TINY = {  # fig7 as make fig7 runs it (behind the emulated link, net=auto); the others over loopback
     "fig2": ["--params_per_call=50000,200000", "--total_params=200000", "--compute_model=small", "--net=loopback"],
     "fig6": ["--models=small", "--net=loopback", "--bucket_cap_mb=auto"],  # auto: the cap ours finds first
-    "fig7": ["--models=small", "--bucket_caps_mb=0,25,auto", "--repeats=2"],
-    "fig8": ["--models=small", "--bucket_caps_mb=0,25", "--world_size=3", "--net=loopback"],
+    "fig7": ["--models=small", "--bucket_caps_mb=0,25", "--repeats=2"],
+    "fig8": ["--models=small", "--bucket_caps_mb=0,25,auto", "--world_size=3", "--net=loopback"],  # fig7's draw
     "fig9": ["--models=small", "--world_sizes=1,2", "--net=loopback"],
     "fig10": ["--models=small", "--world_sizes=2", "--sync_every=1,2", "--iters=2", "--net=loopback"],
     "fig11": ["--batch_sizes=16", "--sync_every=2", "--iters=8", "--eval_every=4", "--smooth=2", "--seeds=0,1"],
