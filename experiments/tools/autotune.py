@@ -93,7 +93,7 @@ def run(cfg: Config, root=None) -> pd.DataFrame:
         prior = priors(cfg)
         todo = points(cfg, prior)
         preflight(todo)
-    ok = common.ok_rows(run_sweep(EXPERIMENT, todo, root=root))  # every stored point: keep this run's settings'
+    ok = common.ok_rows(run_sweep(EXPERIMENT, todo, root=root))  # every stored point: keep this run's settings
     auto = is_auto(ok)
     wanted = pd.Series([prior.get(k) for k in zip(ok["model"], ok["net"])], index=ok.index)
     mine = (auto & (ok["autotune_prior_mb"].fillna("") == wanted)) | ok["bucket_cap_mb"].isin(cfg.caps_mb)
