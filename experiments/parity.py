@@ -120,6 +120,23 @@ def max_rel_error(a: list, b: list) -> float:
 
 
 def compare(rank, ours_kwargs, torch_kwargs, model_name, accum=1, torch_hook=None, dtype=torch.float64, device="cpu"):
+    """Largest relative difference of gradients and final state between ours and torch's DDP."""
+    return compare_with(rank, ours_kwargs, torch_kwargs, model_name, accum, torch_hook, dtype, device)[0]
+
+
+def compare_with(
+    rank,
+    ours_kwargs,
+    torch_kwargs,
+    model_name,
+    accum=1,
+    torch_hook=None,
+    dtype=torch.float64,
+    device="cpu",
+    steps=STEPS,
+):
+    """:func:`compare`'s difference over ``steps`` iterations, and our trained DDP (for what it recorded)."""
+
     def ours(m):
         return OurDDP(m, **ours_kwargs)
 
@@ -129,9 +146,9 @@ def compare(rank, ours_kwargs, torch_kwargs, model_name, accum=1, torch_hook=Non
             ddp.register_comm_hook(None, torch_hook)
         return ddp
 
-    g1, s1, _ = train(rank, ours, model_name, accum, dtype=dtype, device=device)
-    g2, s2, _ = train(rank, theirs, model_name, accum, dtype=dtype, device=device)
-    return max(max(max_rel_error(a, b) for a, b in zip(g1, g2)), max_rel_error(s1, s2))
+    g1, s1, ddp = train(rank, ours, model_name, accum, steps, dtype=dtype, device=device)
+    g2, s2, _ = train(rank, theirs, model_name, accum, steps, dtype=dtype, device=device)
+    return max(max(max_rel_error(a, b) for a, b in zip(g1, g2)), max_rel_error(s1, s2)), ddp
 
 
 def device_matrix(ctx, device: str, dtypes=("float64", "float32")) -> dict[str, float]:

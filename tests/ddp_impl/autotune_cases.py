@@ -10,11 +10,10 @@ from copy import deepcopy
 import torch
 from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
 from torch.distributed.algorithms.join import Join
-from torch.nn.parallel import DistributedDataParallel as TorchDDP
 
 from ddp_impl import DistributedDataParallel as OurDDP
 from ddp_impl import RoundRobinProcessGroup
-from experiments.parity import max_rel_error, train
+from experiments.parity import compare_with
 
 STEPS = 36  # past the search's budget of 30 synchronized iterations
 PRIOR = (0.0, 0.001)  # on these small models: one bucket per parameter, 1 KiB buckets; the default is one bucket
@@ -22,22 +21,8 @@ PRIOR = (0.0, 0.001)  # on these small models: one bucket per parameter, 1 KiB b
 
 def _case(rank, ours_kwargs, torch_kwargs, model, accum=1, dtype=torch.float64, torch_hook=None):
     """(max relative error of gradients and final state against torch's DDP, ours's result, caps tried)."""
-    kept = {}
-
-    def ours(m):
-        kept["ddp"] = OurDDP(m, bucket_cap_mb="auto", autotune_prior_mb=PRIOR, **ours_kwargs)
-        return kept["ddp"]
-
-    def theirs(m):
-        ddp = TorchDDP(m, **torch_kwargs)
-        if torch_hook is not None:
-            ddp.register_comm_hook(None, torch_hook)
-        return ddp
-
-    g1, s1, _ = train(rank, ours, model, accum, steps=STEPS, dtype=dtype)
-    g2, s2, _ = train(rank, theirs, model, accum, steps=STEPS, dtype=dtype)
-    ddp = kept["ddp"]
-    error = max(max(max_rel_error(a, b) for a, b in zip(g1, g2)), max_rel_error(s1, s2))
+    ours = dict(bucket_cap_mb="auto", autotune_prior_mb=PRIOR, **ours_kwargs)
+    error, ddp = compare_with(rank, ours, torch_kwargs, model, accum, torch_hook, dtype, steps=STEPS)
     return error, ddp.autotune_result, sorted({t["cap_mb"] for t in ddp.autotune_log})
 
 
