@@ -48,6 +48,7 @@ class BucketStore:
             self._deferred_runs.append([flat[start:end] for start, end in runs])
             self._deferred.append(deferred)
         self.bucket_sizes = [len(b.param_indices) for b in buckets]
+        self._single = [n == 1 for n in self.bucket_sizes]
         self._bucket_views = [[self.views[i] for i in b.param_indices] for b in buckets]
         self._bucket_params = [[self.params[i] for i in b.param_indices] for b in buckets]
         self._deferred_views = [[self.views[i] for i in d] for d in self._deferred]

@@ -6,7 +6,8 @@
 2. When a bucket's last gradient is final, its small gradients are copied and divided in one fused copy and
    one fused multiply (a kernel per tiny gradient would cost host time the C++ reducer does not pay), and the
    bucket is ready. Ready buckets are launched (``bucket_launch``) strictly in bucket-index order, so every
-   rank issues the same collectives in the same order even if gradients arrive in a different order.
+   rank issues the same collectives in the same order even if gradients arrive in a different order. A bucket
+   of one gradient is averaged and reduced in that ``.grad`` itself, with nothing to copy in or back (``_ready_hot``).
 3. When the last bucket is ready, a callback is queued on the running backward (like torch's reducer, so a
    reentrant backward, e.g. reentrant activation checkpointing, finishes inside it). When autograd finishes it
    waits for the buckets in order and copies each one's averages back into ``.grad`` as soon as it is reduced,
@@ -105,6 +106,7 @@ class Reducer(BucketStore, BucketLaunch, WriteBack):
         self._local_unused = False
         self._warned_create_graph = False
         self._finalize_inline = False
+        self._hot_armed = False
         self._accumulators, self._hook_handles = hook_accumulators(self.params, self._make_hook)
 
     def _static_state(self, static_graph: bool) -> None:
@@ -125,6 +127,7 @@ class Reducer(BucketStore, BucketLaunch, WriteBack):
         self._ready = [False] * len(self.params)
         self._next_launch = 0
         self._futures: list = [None] * len(self.buckets)
+        self._sent = list(self.flats)  # per bucket, the tensor reduced: its flat, or (_ready_hot) its one .grad
         # no usage, hook counts or gradient order to record: a hook after the first only readies its gradient
         self._plain = not self.static and self._used is None and self._order is None
         # and nothing but our allreduce per bucket, launched as soon as it can be: _ready_hot does it all inline
@@ -138,6 +141,7 @@ class Reducer(BucketStore, BucketLaunch, WriteBack):
         if self.static:  # the reducer knows the unused parameters itself once the first backward has run
             self._fired = [0] * len(self.params)
             self._unused = self._static_unused
+        self._hot_armed = False  # _hot, and a hook of this backward has run: the hook goes straight to _ready_hot
 
     def _make_hook(self, i: int):
         # The hook reaches the reducer through a weak reference: a strong one would make a cycle through the
@@ -148,10 +152,10 @@ class Reducer(BucketStore, BucketLaunch, WriteBack):
             self = reducer()
             if self is None:
                 return
-            if self.expect_hooks:
-                if self._started and self._hot:  # most gradients: nothing to record, straight to the bucket
-                    self._ready_hot(i)
-                elif self._started and self._plain:
+            if self._hot_armed:  # most gradients: nothing to record, straight to the bucket
+                self._ready_hot(i)
+            elif self.expect_hooks:
+                if self._started and self._plain:
                     self._mark_ready(i)
                 else:
                     self._grad_ready(i)
@@ -164,6 +168,7 @@ class Reducer(BucketStore, BucketLaunch, WriteBack):
         learning = self.static and self._expected is None  # a static graph's first backward
         if not self._started:
             self._started = True
+            self._hot_armed = self._hot
             if learning:  # like torch: reduce everything once this backward is over
                 Variable._execution_engine.queue_callback(self._learn_static_graph)
             for j in self._unused:
@@ -224,33 +229,43 @@ class Reducer(BucketStore, BucketLaunch, WriteBack):
 
     def _ready_hot(self, i: int) -> None:
         """:meth:`_mark_ready` for the common case (``_hot``: only readiness to track, our allreduce, overlap, no
-        trace, ``.grad`` not a view), inline: per bucket what any Python caller pays (a multiply into the bucket, the
-        allreduce's launch) and the count of what is ready. On a fast GPU the host's time per bucket is the
-        iteration's (``make bucket-cost``)."""
+        trace, ``.grad`` not a view), inline: per bucket what any Python caller pays (a multiply, the allreduce's
+        launch) and the count of what is ready. On a fast GPU the host's time per bucket is the iteration's (``make
+        bucket-cost``). A bucket of one gradient is averaged and reduced in that ``.grad`` itself, as a bucket view
+        would be: the same multiply and sum, and no copy into the bucket and back."""
         ready = self._ready
         if ready[i]:
             self._mark_ready(i)  # raises
         ready[i] = True
-        if self._eager[i] or self._alone[i]:  # large, or its bucket's only small gradient: one multiply, now
-            grad = self.params[i].grad
-            try:
-                torch.mul(grad, self._param_factors[i], out=self.views[i])
-            except (TypeError, RuntimeError):  # no gradient, a sparse one, create_graph: the rarer cases
-                self._fill_one(i, grad, self._scale)
         b = self.bucket_of[i]
-        left = self._pending[b] - 1
-        self._pending[b] = left
-        if left:
-            return
-        if len(self._deferred[b]) > 1:  # its small gradients, in one fused copy
-            self._fill(b)
+        if self._single[b]:
+            grad = self.params[i].grad
+            if grad is not None and not (grad.requires_grad or grad.is_sparse) and grad.is_contiguous():
+                grad.mul_(self._param_factors[i])
+                self._sent[b] = grad
+            else:  # no gradient, a sparse one, create_graph, a layout not the bucket's: the rarer cases
+                self._fill_one(i, grad, self._scale)
+            self._pending[b] = 0
+        else:
+            if self._eager[i] or self._alone[i]:  # large, or its bucket's only small gradient: one multiply, now
+                grad = self.params[i].grad
+                try:
+                    torch.mul(grad, self._param_factors[i], out=self.views[i])
+                except (TypeError, RuntimeError):  # no gradient, a sparse one, create_graph: the rarer cases
+                    self._fill_one(i, grad, self._scale)
+            left = self._pending[b] - 1
+            self._pending[b] = left
+            if left:
+                return
+            if len(self._deferred[b]) > 1:  # its small gradients, in one fused copy
+                self._fill(b)
         self._buckets_left -= 1
         if b == self._next_launch:  # launch it and every ready one after it, in order
-            pending, last, timing = self._pending, len(self._pending), self.timing
+            pending, last, timing, sent = self._pending, len(self._pending), self.timing, self._sent
             while True:
                 if timing is not None and (b == 0 or timing.per_bucket):
                     timing.bucket_launch[b] = timing.clock.stamp()
-                self._futures[b] = self._bucket_groups[b].allreduce([self.flats[b]], SUM)
+                self._futures[b] = self._bucket_groups[b].allreduce([sent[b]], SUM)
                 b += 1
                 if b == last or pending[b]:
                     break

@@ -29,8 +29,7 @@ class WriteBack:
 
     def _finalize(self) -> None:
         """Runs once autograd has finished: wait for each bucket, write its averages back to ``.grad``."""
-        self.expect_hooks = False
-        self._started = False
+        self.expect_hooks = self._started = self._hot_armed = False
         self.reductions += 1
         timing = self.timing
         if timing is not None:
@@ -38,44 +37,49 @@ class WriteBack:
         if not self.overlap:
             self._launch_ready()
         futures, self._futures = self._futures, []  # their values hold the buckets: not kept past this iteration
+        sent, self._sent = self._sent, []  # nor the gradients reduced in place
         # the collective's own work on every bucket (in place: nothing to copy back), or on none: futures (a comm
         # hook's, or traced), as _launch chose for the whole iteration
         in_place = bool(futures) and isinstance(futures[0], dist.Work)
         # The common case: each bucket goes back to .grad as soon as it is reduced, while later buckets are still
         # in flight. Views, unused-parameter detection and missing .grad go through _write_back at the end.
         grads = self._grads_to_fill()
-        per_bucket = timing is not None and timing.per_bucket
-        if per_bucket:  # finish stamped here, not by a callback on the comm thread; on the host clock a bucket
-            # already done now reads as done now, not after the write-back of the buckets before it
-            done = [timing.clock.on_host and (f.is_completed() if in_place else f.done()) for f in futures]
-            timing.comm_end = now = timing.clock.stamp()
+        flats, bucket_views, buckets, last = self.flats, self._bucket_views, self.buckets, len(futures) - 1
+        finish = timing.bucket_finish if timing is not None and timing.per_bucket else None
+        if finish is not None:  # finish stamped here, not by a callback on the comm thread; on the host clock a
+            # bucket already done now reads as done now, not after the write-back of the buckets before it
+            clock, traced = timing.clock, timing.bucket_done
+            done = [clock.on_host and (f.is_completed() if in_place else f.done()) for f in futures]
+            timing.comm_end = now = clock.stamp()
         with torch.no_grad():  # with create_graph=True this runs in grad mode: the copies are not part of it
             for b, f in enumerate(futures):
                 value = f.wait()
-                if timing is not None and not per_bucket and b == len(futures) - 1:
-                    timing.comm_end = timing.clock.stamp()  # the stream now waits for every reduction
-                if per_bucket:
+                if finish is not None:
                     if done[b]:
-                        timing.bucket_finish[b] = now
+                        finish[b] = now
                     else:
-                        timing.bucket_finish[b] = timing.comm_end = timing.clock.stamp()
-                    if timing.bucket_done is not None and timing.bucket_done[b] is None:
+                        finish[b] = timing.comm_end = clock.stamp()
+                    if traced is not None and traced[b] is None:
                         # the completion callback runs just after the future is marked done and may not have
                         # run yet: the wait's own stamp is then the closest bound
-                        timing.bucket_done[b] = timing.bucket_finish[b]
+                        traced[b] = finish[b]
+                elif timing is not None and b == last:
+                    timing.comm_end = timing.clock.stamp()  # the stream now waits for every reduction
                 if not in_place:
                     if isinstance(value, list):  # a collective's own future: [reduced tensor]
                         value = value[0]
-                    if value is not self.flats[b]:
-                        self.flats[b].copy_(value)
-                if grads is not None:
-                    views = self._bucket_views[b]
+                    if value is not flats[b]:
+                        flats[b].copy_(value)
+                if grads is not None and sent[b] is flats[b]:  # else reduced in its .grad: nothing to copy
+                    views = bucket_views[b]
                     if len(views) == 1:  # a bucket of one gradient: a plain copy costs less to issue
-                        grads[self.buckets[b].param_indices[0]].copy_(views[0])
+                        grads[buckets[b].param_indices[0]].copy_(views[0])
                     else:
-                        torch._foreach_copy_([grads[i] for i in self.buckets[b].param_indices], views)
+                        torch._foreach_copy_([grads[i] for i in buckets[b].param_indices], views)
             if grads is None:
-                self._write_back(self._unused_everywhere())
+                skip = self._unused_everywhere()
+                skip.update(self.buckets[b].param_indices[0] for b, t in enumerate(sent) if t is not self.flats[b])
+                self._write_back(skip)
         self.last_timing = timing
 
     def _grads_to_fill(self) -> list[torch.Tensor] | None:

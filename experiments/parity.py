@@ -72,7 +72,7 @@ def seeded(factory, seed):
 
 
 def _inputs(name, gen, rank):
-    if name == "convnet":
+    if name.startswith("convnet"):
         return (torch.randn(4, 3, 8, 8, generator=gen),), {}
     if name == "branchy":
         return (torch.randn(4, 6, generator=gen),), {"use_branch": rank == 0}
@@ -81,7 +81,18 @@ def _inputs(name, gen, rank):
     return (torch.randn(4, 6, generator=gen),), {}
 
 
-FACTORIES = {"convnet": ConvNet, "branchy": Branchy, "reordered": Reordered, "mlp": mlp}
+def channels_last_convnet() -> nn.Module:
+    """ConvNet in channels_last: its convolutions' gradients are not contiguous."""
+    return ConvNet().to(memory_format=torch.channels_last)
+
+
+FACTORIES = {
+    "convnet": ConvNet,
+    "convnet_channels_last": channels_last_convnet,
+    "branchy": Branchy,
+    "reordered": Reordered,
+    "mlp": mlp,
+}
 
 
 def train(rank, wrap, model_name, accum=1, steps=STEPS, dtype=torch.float64, device="cpu"):

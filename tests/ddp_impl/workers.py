@@ -33,6 +33,8 @@ def equivalence_matrix(ctx):
     errors["convnet gradient_as_bucket_view"] = compare(
         rank, dict(bucket_cap_mb=0.01, gradient_as_bucket_view=True), dict(gradient_as_bucket_view=True), "convnet"
     )
+    errors["convnet channels_last cap=0"] = compare(rank, dict(bucket_cap_mb=0), {}, "convnet_channels_last")
+    errors["no_sync accum=2 cap=0"] = compare(rank, dict(bucket_cap_mb=0), {}, "convnet", 2)
     for accum in (1, 2, 3, 4):
         errors[f"no_sync accum={accum}"] = compare(rank, dict(bucket_cap_mb=0.01), {}, "convnet", accum)
         errors[f"no_sync accum={accum} view"] = compare(
