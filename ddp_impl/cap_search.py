@@ -11,14 +11,18 @@ network; torch's DDP leaves it at 25 MiB. Ours measures instead:
    so that load drifting over the machine moves every candidate alike (paired rounds, as the suite measures).
 3. At the end of a round one small allreduce takes, per trial, the slowest rank's time: every rank then holds the
    same numbers, so every rank makes the same decisions without a further message.
-4. After ``MIN_ROUNDS`` rounds a candidate leaves the race when the percentile-bootstrap interval of its median over
-   the leader's (pairs resampled together, the suite's paired statistics) lies above 1. A stage ends when one
-   candidate is left, after ``MAX_ROUNDS`` rounds, or when the budget of iterations would be passed.
-5. Without a prior the search is coarse-to-fine: a coarse stage over :data:`COARSE_MB`, then a fine stage between
-   the leader and its coarse neighbours. A prior (caps ordered by a model's predicted latency, best first, e.g. the
-   suite's simulator calibrated on this machine) replaces both with one stage over its first caps.
-6. The default cap runs in every stage as the control. The leader is chosen only when it is resolved faster than
-   the default; otherwise the cap stays at the default. The trials, the choice and its reason are in ``log`` and
+4. Every stage has a control: the default cap, or in a fine stage the cap the coarse one chose. From ``MIN_ROUNDS``
+   rounds on, after each round, a candidate other than the control leaves the race when the percentile-bootstrap
+   interval of its median over the leader's (pairs resampled together, the suite's paired statistics) lies above 1;
+   the stage ends when the leader is resolved faster than the control, when only the control is left, or when the
+   next round would pass the budget of iterations. So rounds get cheaper as candidates leave, and the iterations
+   left go to the caps still close: a gain of a few percent needs more than three samples to resolve.
+5. Without a prior the search is coarse-to-fine: a coarse stage over :data:`COARSE_MB`, then, if it chose a cap
+   other than the default and the budget has room, a fine stage between that cap and the geometric midpoints to its
+   coarse neighbours. A prior (caps ordered by a model's predicted latency, best first, e.g. the suite's simulator
+   calibrated on this machine) replaces both with one stage over its first caps and the default.
+6. A stage chooses its leader only when it is resolved faster than the control over at least ``CHOICE_ROUNDS``
+   rounds at ``CHOICE_LEVEL``; otherwise the control stays. The trials, the choice and its reason are in ``log`` and
    ``result``. Once settled the tuner is dropped: no cost per iteration remains.
 """
 
@@ -34,20 +38,23 @@ from .options import DEFAULT_BUCKET_CAP_MB, DEFAULT_FIRST_BUCKET_CAP_MB, MIB
 
 COARSE_MB = (1.0, 5.0, float(DEFAULT_BUCKET_CAP_MB), 100.0)  # fig7's sweep without its extremes
 WARMUP_ITERS = 2
-MIN_ROUNDS, MAX_ROUNDS = 3, 4
+MIN_ROUNDS = 3  # samples per candidate before any is judged
 BUDGET_ITERS = 30  # settled by this synchronized iteration, warm-up included
 PRIOR_CAPS = 2  # a prior's best-predicted caps tried, beside the default
 N_BOOT, LEVEL = 2000, 0.95
+# A cap is chosen over the control only from this many paired rounds and at this level: with three rounds a
+# candidate faster in all three by chance alone (one in eight) reads as resolved, and a stage looks after every round
+CHOICE_ROUNDS, CHOICE_LEVEL = 5, 0.99
 
 
-def ratio_interval(a: Sequence[float], b: Sequence[float], seed: int = 0) -> tuple[float, float]:
+def ratio_interval(a: Sequence[float], b: Sequence[float], seed: int = 0, level: float = LEVEL) -> tuple[float, float]:
     """Percentile-bootstrap interval of median(a) / median(b) over paired samples (pairs resampled together).
     Seeded: every rank computes the same interval from the same agreed times."""
     a_t, b_t = torch.tensor(a, dtype=torch.float64), torch.tensor(b, dtype=torch.float64)
     gen = torch.Generator().manual_seed(seed)
     idx = torch.randint(len(a), (N_BOOT, len(a)), generator=gen)
     ratios = a_t[idx].quantile(0.5, dim=1) / b_t[idx].quantile(0.5, dim=1)
-    tail = (1 - LEVEL) / 2
+    tail = (1 - level) / 2
     lo, hi = torch.quantile(ratios, torch.tensor([tail, 1 - tail], dtype=torch.float64)).tolist()
     return lo, hi
 
@@ -72,13 +79,14 @@ def distinct_caps(caps_mb: Sequence[float], model_bytes: int) -> list[float]:
 
 @dataclass
 class Stage:
-    """One race: the candidates still in it and every candidate's agreed time per round (ms)."""
+    """One race: the candidates still in it, the one a leader must be resolved faster than, and every candidate's
+    agreed time per round (ms)."""
 
     name: str
     candidates: list[float]
+    control: float
     times: dict[float, list[float]]
     rounds: int = 0
-    max_rounds: int = MAX_ROUNDS
 
     def order(self) -> list[float]:
         """This round's trial order, rotated each round."""
@@ -91,12 +99,12 @@ class Stage:
     def leader(self) -> float:
         return min(self.candidates, key=self.median)
 
-    def versus(self, cap: float, other: float) -> tuple[float, float, float]:
+    def versus(self, cap: float, other: float, level: float = LEVEL) -> tuple[float, float, float]:
         """(ratio of medians, lo, hi) of ``cap`` over ``other`` over the rounds both ran (a candidate that left the
         race ran the first ones)."""
         n = min(len(self.times[cap]), len(self.times[other]))
         a, b = self.times[cap][:n], self.times[other][:n]
-        return (_median(a) / _median(b), *ratio_interval(a, b))
+        return (_median(a) / _median(b), *ratio_interval(a, b, level=level))
 
 
 class AutoTuner:
@@ -159,17 +167,15 @@ class AutoTuner:
         self._coarse = distinct_caps(COARSE_MB, self.model_bytes)
         return "coarse", self._coarse
 
-    def _begin(self, name: str, candidates: list[float]) -> None:
-        left = self.budget - self.iteration  # trials that fit before the settled cap's first iteration
-        if name == "coarse":  # leave room for a fine stage of four candidates
-            left -= MIN_ROUNDS * 4
-        rounds = left // max(len(candidates), 1)
-        if name != "prior":
-            rounds = min(rounds, MAX_ROUNDS)
-        if len(candidates) < 2 or rounds < MIN_ROUNDS:
+    def _fits(self, trials: int) -> bool:
+        """A round of ``trials`` ends before the budget: the settled cap's first iteration is at most ``budget``."""
+        return self.iteration + trials <= self.budget
+
+    def _begin(self, name: str, candidates: list[float], control: float = float(DEFAULT_BUCKET_CAP_MB)) -> None:
+        if len(candidates) < 2 or not self._fits(MIN_ROUNDS * len(candidates)):
             self._settle(self.stage, "too few iterations left to resolve another stage" if self.stage else None)
             return
-        self.stage = Stage(name, list(candidates), {c: [] for c in candidates}, max_rounds=rounds)
+        self.stage = Stage(name, list(candidates), control, {c: [] for c in candidates})
         self._next_round()
 
     def _next_round(self) -> None:
@@ -183,45 +189,51 @@ class AutoTuner:
             stage.times[cap].append(ms)
             self.log.append(dict(iteration=first + j, stage=stage.name, round=stage.rounds, cap_mb=cap, ms=ms))
         stage.rounds += 1
+        decided = False
         if stage.rounds >= MIN_ROUNDS:
             self._eliminate(stage)
-        if len(stage.candidates) > 1 and stage.rounds < stage.max_rounds:
+            decided = len(stage.candidates) == 1 or self._resolved(stage)[0] != stage.control
+        if not decided and self._fits(len(stage.candidates)):
             self._next_round()
             return
         self._finished = stage
-        if stage.name == "coarse" and self._resolved(stage)[0] != DEFAULT_BUCKET_CAP_MB:
-            self._begin("fine", self._fine_candidates(stage))  # refine only a region resolved faster
+        chosen = self._resolved(stage)[0]
+        if stage.name == "coarse" and chosen != stage.control:
+            self._begin("fine", self._fine_candidates(chosen), control=chosen)  # refine only a region resolved faster
         else:
             self._settle(stage, None)
 
     def _eliminate(self, stage: Stage) -> None:
-        """Candidates resolved slower than the leader leave the race (their times stay, for the final verdict)."""
+        """Candidates resolved slower than the leader leave the race, the control excepted (their times stay, for
+        the final verdict)."""
         leader = stage.leader()
-        stage.candidates = [c for c in stage.candidates if c == leader or stage.versus(c, leader)[1] <= 1]
+        stage.candidates = [
+            c for c in stage.candidates if c in (leader, stage.control) or stage.versus(c, leader)[1] <= 1
+        ]
 
-    def _fine_candidates(self, stage: Stage) -> list[float]:
-        """The coarse leader, the geometric midpoints to its coarse neighbours, and the default as the control."""
-        leader, grid = stage.leader(), self._coarse
-        k = grid.index(leader)
-        mids = [math.sqrt(max(grid[j], 0.25) * max(leader, 0.25)) for j in (k - 1, k + 1) if 0 <= j < len(grid)]
-        return distinct_caps([leader, *[round(m, 2) for m in mids], DEFAULT_BUCKET_CAP_MB], self.model_bytes)
+    def _fine_candidates(self, chosen: float) -> list[float]:
+        """The coarse stage's choice and the geometric midpoints to its coarse neighbours."""
+        grid = self._coarse
+        k = grid.index(chosen)
+        mids = [math.sqrt(max(grid[j], 0.25) * max(chosen, 0.25)) for j in (k - 1, k + 1) if 0 <= j < len(grid)]
+        return distinct_caps([chosen, *[round(m, 2) for m in mids]], self.model_bytes)
 
     def _resolved(self, stage: Stage) -> tuple[float, str]:
-        """(cap, reason): the stage's leader if it is resolved faster than the default, else the default."""
-        default, leader = float(DEFAULT_BUCKET_CAP_MB), stage.leader()
-        if leader == default:
-            return default, f"the default {default:g} MiB measured fastest ({stage.name} stage)"
-        ratio, lo, hi = stage.versus(default, leader)
+        """(cap, reason): the stage's leader if it is resolved faster than the stage's control, else the control."""
+        control, leader = stage.control, stage.leader()
+        if leader == control:
+            return control, f"{control:g} MiB measured fastest ({stage.name} stage)"
+        ratio, lo, hi = stage.versus(control, leader, CHOICE_LEVEL)
         versus = f"x{ratio:.3f} [{lo:.3f}, {hi:.3f}], {stage.name} stage"
-        if lo > 1:
-            return leader, f"{leader:g} MiB resolved faster than {default:g} MiB ({versus})"
+        if lo > 1 and min(len(stage.times[leader]), len(stage.times[control])) >= CHOICE_ROUNDS:
+            return leader, f"{leader:g} MiB resolved faster than {control:g} MiB ({versus})"
         return (
-            default,
-            f"{leader:g} MiB led but was not resolved faster than {default:g} MiB ({versus}): kept the default",
+            control,
+            f"{leader:g} MiB led but was not resolved faster than {control:g} MiB ({versus}): kept {control:g}",
         )
 
     def _settle(self, stage: Stage | None, why_stopped: str | None) -> None:
-        """Choose the leader if it is resolved faster than the default, else keep the default."""
+        """Choose the stage's leader if it is resolved faster than its control, else the control."""
         if stage is None:
             cap, reason = float(DEFAULT_BUCKET_CAP_MB), "nothing to tune: every candidate cap gives the same buckets"
         else:

@@ -57,6 +57,8 @@ def hook_accumulators(params: Sequence[torch.Tensor], make_hook: Callable[[int],
 
 
 class Reducer(BucketStore, BucketLaunch, WriteBack):
+    _hot_armed = False  # _hot, and a hook of this backward has run: the hook goes straight to _ready_hot
+
     def __init__(
         self,
         params: Sequence[torch.nn.Parameter],
@@ -106,7 +108,6 @@ class Reducer(BucketStore, BucketLaunch, WriteBack):
         self._local_unused = False
         self._warned_create_graph = False
         self._finalize_inline = False
-        self._hot_armed = False
         self._accumulators, self._hook_handles = hook_accumulators(self.params, self._make_hook)
 
     def _static_state(self, static_graph: bool) -> None:
@@ -141,7 +142,7 @@ class Reducer(BucketStore, BucketLaunch, WriteBack):
         if self.static:  # the reducer knows the unused parameters itself once the first backward has run
             self._fired = [0] * len(self.params)
             self._unused = self._static_unused
-        self._hot_armed = False  # _hot, and a hook of this backward has run: the hook goes straight to _ready_hot
+        self._hot_armed = False
 
     def _make_hook(self, i: int):
         # The hook reaches the reducer through a weak reference: a strong one would make a cycle through the

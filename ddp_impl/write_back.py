@@ -44,6 +44,17 @@ class WriteBack:
         # The common case: each bucket goes back to .grad as soon as it is reduced, while later buckets are still
         # in flight. Views, unused-parameter detection and missing .grad go through _write_back at the end.
         grads = self._grads_to_fill()
+        with torch.no_grad():  # with create_graph=True this runs in grad mode: the copies are not part of it
+            self._drain(futures, sent, in_place, grads, timing)
+            if grads is None:
+                skip = self._unused_everywhere()
+                skip.update(self.buckets[b].param_indices[0] for b, t in enumerate(sent) if t is not self.flats[b])
+                self._write_back(skip)
+        self.last_timing = timing
+
+    def _drain(self, futures: list, sent: list, in_place: bool, grads: list | None, timing) -> None:
+        """Wait for each bucket in order, stamp its finish, and copy it back into ``grads`` (unless reduced in its
+        ``.grad``)."""
         flats, bucket_views, buckets, last = self.flats, self._bucket_views, self.buckets, len(futures) - 1
         finish = timing.bucket_finish if timing is not None and timing.per_bucket else None
         if finish is not None:  # finish stamped here, not by a callback on the comm thread; on the host clock a
@@ -51,36 +62,30 @@ class WriteBack:
             clock, traced = timing.clock, timing.bucket_done
             done = [clock.on_host and (f.is_completed() if in_place else f.done()) for f in futures]
             timing.comm_end = now = clock.stamp()
-        with torch.no_grad():  # with create_graph=True this runs in grad mode: the copies are not part of it
-            for b, f in enumerate(futures):
-                value = f.wait()
-                if finish is not None:
-                    if done[b]:
-                        finish[b] = now
-                    else:
-                        finish[b] = timing.comm_end = clock.stamp()
-                    if traced is not None and traced[b] is None:
-                        # the completion callback runs just after the future is marked done and may not have
-                        # run yet: the wait's own stamp is then the closest bound
-                        traced[b] = finish[b]
-                elif timing is not None and b == last:
-                    timing.comm_end = timing.clock.stamp()  # the stream now waits for every reduction
-                if not in_place:
-                    if isinstance(value, list):  # a collective's own future: [reduced tensor]
-                        value = value[0]
-                    if value is not flats[b]:
-                        flats[b].copy_(value)
-                if grads is not None and sent[b] is flats[b]:  # else reduced in its .grad: nothing to copy
-                    views = bucket_views[b]
-                    if len(views) == 1:  # a bucket of one gradient: a plain copy costs less to issue
-                        grads[buckets[b].param_indices[0]].copy_(views[0])
-                    else:
-                        torch._foreach_copy_([grads[i] for i in buckets[b].param_indices], views)
-            if grads is None:
-                skip = self._unused_everywhere()
-                skip.update(self.buckets[b].param_indices[0] for b, t in enumerate(sent) if t is not self.flats[b])
-                self._write_back(skip)
-        self.last_timing = timing
+        for b, f in enumerate(futures):
+            value = f.wait()
+            if finish is not None:
+                if done[b]:
+                    finish[b] = now
+                else:
+                    finish[b] = timing.comm_end = clock.stamp()
+                if traced is not None and traced[b] is None:
+                    # the completion callback runs just after the future is marked done and may not have
+                    # run yet: the wait's own stamp is then the closest bound
+                    traced[b] = finish[b]
+            elif timing is not None and b == last:
+                timing.comm_end = timing.clock.stamp()  # the stream now waits for every reduction
+            if not in_place:
+                if isinstance(value, list):  # a collective's own future: [reduced tensor]
+                    value = value[0]
+                if value is not flats[b]:
+                    flats[b].copy_(value)
+            if grads is not None and sent[b] is flats[b]:  # else reduced in its .grad: nothing to copy
+                views = bucket_views[b]
+                if len(views) == 1:  # a bucket of one gradient: a plain copy costs less to issue
+                    grads[buckets[b].param_indices[0]].copy_(views[0])
+                else:
+                    torch._foreach_copy_([grads[i] for i in buckets[b].param_indices], views)
 
     def _grads_to_fill(self) -> list[torch.Tensor] | None:
         """Every ``.grad``, to fill bucket by bucket as each is reduced; None where the end goes through

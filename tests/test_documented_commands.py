@@ -101,3 +101,18 @@ def test_every_documented_module_answers_help(cmd, monkeypatch, tmp_path):
     with contextlib.redirect_stdout(out), pytest.raises(SystemExit) as done:
         runpy.run_module(cmd[0], run_name="__main__", alter_sys=True)
     assert done.value.code in (0, None) and out.getvalue().strip(), f"{named} --help: exit {done.value.code}"
+
+
+def test_the_readme_python_example_runs_as_written(tmp_path):
+    """README's one-line DDP example, saved and run the way its first line says (torchrun, 2 ranks)."""
+    block = re.search(r"^```python\n(.*?)^```", (REPO / "README.md").read_text(), flags=re.S | re.M).group(1)
+    (tmp_path / "example.py").write_text(block)
+    done = subprocess.run(
+        [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node=2", "example.py"],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=180,
+    )
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert sorted(line.split()[0] for line in done.stdout.splitlines() if "ms of allreduce" in line) == ["0", "1"]

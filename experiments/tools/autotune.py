@@ -43,14 +43,22 @@ class Config:
 
     models: tuple[str, ...] = ("resnet50", "bert-base")  # harness.workloads.models
     nets: tuple[str, ...] = ("auto",)  # the link per rank: RATE (e.g. 1gbit) | auto | loopback (harness/README.md)
+    skip: tuple[str, ...] = ()  # MODEL@NET pairs of models x nets left out (e.g. bert-base@1gbit)
     world_size: int = 2  # ranks
     caps_mb: tuple[float, ...] = (1, 5, 25, 100)  # fixed caps (MiB) measured beside the search
     repeats: int = 3  # interleaved repetitions of every point
     # the search's prior: "simulator" (this machine's calibration, stored or probed now, orders the caps of
     # make tune's grid by predicted latency), caps best first (e.g. "5,10"), or "" (a coarse-to-fine search)
     prior_mb: str = ""
-    iters: int = 4  # measured iterations of a fixed-cap point per repetition
-    warmup: int = 3  # iterations run before measuring a fixed-cap point
+    iters: int = 6  # measured iterations of every point per repetition
+    # glibc's allocator in the ranks (harness/README.md): retain keeps freed memory, so no point pays page faults.
+    # With the default, the search's own relayouts leave the allocator in another state than a fixed cap's point
+    # has (BERT-base: no fault per iteration after them, ~70,000 without), which is not the cap's doing
+    malloc: str = "retain"
+    warmup: int = 3  # iterations run before measuring the tuning point, once its search has settled
+    # iterations run before measuring a fixed-cap point: more than warmup, as the tuning point has trained through
+    # its search (up to 30 iterations) before it is measured, and a warmer process reads faster
+    warmup_fixed: int = 15
 
 
 def priors(cfg: Config) -> dict[tuple[str, str], str]:
@@ -76,14 +84,19 @@ def points(cfg: Config, prior: dict[tuple[str, str], str]) -> list[TrainConfig]:
     """Every point, checked (ValueError naming the first bad setting)."""
     if cfg.repeats < 2:
         raise ValueError(f"repeats={cfg.repeats}: a paired interval needs at least 2 repetitions")
+    unknown = set(cfg.skip) - {f"{m}@{n}" for m in cfg.models for n in cfg.nets}
+    if unknown:
+        raise ValueError(f"skip={','.join(sorted(unknown))}: not a MODEL@NET pair of models x nets")
     out = []
     for r in range(cfg.repeats):
         for model in cfg.models:
             for net in cfg.nets:
+                if f"{model}@{net}" in cfg.skip:
+                    continue
                 base = TrainConfig(model=model, impl="ours", world_size=cfg.world_size, net=net, repeat=r)
-                base = dataclasses.replace(base, warmup=cfg.warmup, iters=cfg.iters)
+                base = dataclasses.replace(base, warmup=cfg.warmup, iters=cfg.iters, malloc=cfg.malloc)
                 out.append(dataclasses.replace(base, bucket_cap_mb="auto", autotune_prior_mb=prior[model, net]))
-                out += [dataclasses.replace(base, bucket_cap_mb=float(c)) for c in cfg.caps_mb]
+                out += [dataclasses.replace(base, bucket_cap_mb=float(c), warmup=cfg.warmup_fixed) for c in cfg.caps_mb]
     return [validate(p) for p in out]
 
 
@@ -96,8 +109,9 @@ def run(cfg: Config, root=None) -> pd.DataFrame:
     ok = common.ok_rows(run_sweep(EXPERIMENT, todo, root=root))  # every stored point: keep this run's settings
     auto = is_auto(ok)
     wanted = pd.Series([prior.get(k) for k in zip(ok["model"], ok["net"])], index=ok.index)
-    mine = (auto & (ok["autotune_prior_mb"].fillna("") == wanted)) | ok["bucket_cap_mb"].isin(cfg.caps_mb)
-    mine &= (ok["iters"] == cfg.iters) & (ok["warmup"] == cfg.warmup)
+    mine = auto & (ok["autotune_prior_mb"].fillna("") == wanted) & (ok["warmup"] == cfg.warmup)
+    mine |= ok["bucket_cap_mb"].isin(cfg.caps_mb) & (ok["warmup"] == cfg.warmup_fixed)
+    mine &= (ok["iters"] == cfg.iters) & (ok["malloc"] == cfg.malloc) & ~(ok["model"] + "@" + ok["net"]).isin(cfg.skip)
     return ok[mine & ok["model"].isin(cfg.models) & ok["net"].isin(cfg.nets) & (ok["world_size"] == cfg.world_size)]
 
 
@@ -136,7 +150,9 @@ def summary(ok: pd.DataFrame, seed: int = 0) -> pd.DataFrame:
     """Per model and link: the search's outcome beside the best fixed cap and torch's default (module docstring).
     Columns: model, net, rate_mbit, repeats, prior, settled_caps (one per repetition), iterations_max, best_fixed_mb,
     best_fixed_ms, settled_ms, settled_vs_best and default_vs_best (each with _lo and _hi: 95% over repetitions,
-    paired), tuning_extra_ms (with _lo, _hi), tuning_extra_iters, git_commit."""
+    paired), tuning_extra_ms (with _lo, _hi), tuning_extra_iters, warmth (the tuning point settled on 25 MiB over
+    the fixed 25 MiB point, over the repetitions that settled there: what being measured later is worth; NaN if
+    none did), git_commit."""
     lat, found = repeat_latencies(ok), searches(ok)
     rng, rows = np.random.default_rng(seed), []
     for (model, net), per in lat.groupby(level=["model", "net"]):
@@ -160,10 +176,17 @@ def summary(ok: pd.DataFrame, seed: int = 0) -> pd.DataFrame:
                 **_ratio("settled_vs_best", settled, best_ms, rng),
                 **_ratio("default_vs_best", per[DEFAULT_CAP_MB].to_numpy(), best_ms, rng),
                 **_tuning_cost(mine, per[best], rng),
+                warmth=_warmth(per, mine),
                 git_commit=" ".join(sorted(set(rows_here["git_commit"].dropna()))),
             )
         )
     return pd.DataFrame(rows)
+
+
+def _warmth(per: pd.DataFrame, mine: pd.DataFrame) -> float:
+    at_default = mine.loc[mine["cap_mb"] == DEFAULT_CAP_MB, "repeat"].to_numpy()
+    both = per.droplevel(["model", "net"]).reindex(at_default)
+    return float(np.median(both["auto"] / both[DEFAULT_CAP_MB])) if len(both) else float("nan")
 
 
 def _ratio(name: str, a, b, rng) -> dict:
@@ -226,7 +249,8 @@ def format_table(table: pd.DataFrame) -> str:
             f"settled / best fixed ({r.best_fixed_mb:g} MiB) x{r.settled_vs_best:.3f} "
             f"[{r.settled_vs_best_lo:.3f}, {r.settled_vs_best_hi:.3f}]; 25 MiB / best x{r.default_vs_best:.3f} "
             f"[{r.default_vs_best_lo:.3f}, {r.default_vs_best_hi:.3f}]; tuning cost {r.tuning_extra_ms:.0f} ms "
-            f"({r.tuning_extra_iters:.2f} iterations' worth) over {r.repeats} repetitions"
+            f"({r.tuning_extra_iters:.2f} iterations' worth) over {r.repeats} repetitions; settled at 25 MiB / "
+            f"fixed 25 MiB x{r.warmth:.3f}"
         )
     return "\n".join(lines)
 

@@ -13,15 +13,19 @@ from experiments.tools.bench_stats import PER_GRADIENT
 from harness.results import REFERENCE
 from harness.results import REPO_ROOT as ROOT
 
+# ddp_impl's modules that run only with bucket_cap_mb="auto": a change to them leaves a fixed cap's results current
+AUTO_ONLY = {"autotune.py", "cap_search.py"}
 
-def _stale(commits: pd.Series) -> str:
+
+def _stale(commits: pd.Series, auto: bool = False) -> str:
     """A closing line when the rows' ``ddp_impl`` is not today's; '' when it is."""
-    since = _ddp_impl_since(commits.dropna())
+    since = _ddp_impl_since(commits.dropna(), auto)
     return f"\n\n**All of the above**: {since}." if since else ""
 
 
-def _ddp_impl_since(commits) -> str:
-    """How the ``ddp_impl`` that measured (commits) differs from the one in this working tree: "" when the same."""
+def _ddp_impl_since(commits, auto: bool = False) -> str:
+    """How the ``ddp_impl`` that measured (commits) differs from the one in this working tree: "" when the same.
+    Without ``auto`` (results of fixed caps only) the modules of :data:`AUTO_ONLY` do not count."""
     changed = set()
     for commit in {c.removesuffix("+dirty") for c in commits}:  # a tree with changes: compared from its commit
         done = subprocess.run(
@@ -29,7 +33,7 @@ def _ddp_impl_since(commits) -> str:
         )
         if done.returncode != 0:
             return "measured by code that is not in this clone's history"
-        changed |= {Path(p).name for p in done.stdout.split()}
+        changed |= {Path(p).name for p in done.stdout.split()} - (set() if auto else AUTO_ONLY)
     return f"measured with an earlier `ddp_impl` ({', '.join(sorted(changed))} changed since)" if changed else ""
 
 
@@ -72,12 +76,13 @@ def bucket_cost() -> str:
     per, steps = pd.read_csv(where / "per_bucket.csv"), pd.read_csv(where / "steps.csv")
     rows = [
         "| ranks | DDP | us per added bucket [95% CI] | us over no DDP, per bucket | iteration / torch's, a bucket "
-        "per gradient [95% CI] |",
-        "|---|---|---|---|---|",
+        "per gradient [95% CI] | iteration / the floor's [95% CI] |",
+        "|---|---|---|---|---|---|",
     ]
     rows += [
         f"| {r.world_size} | {r.ddp} | {r.us_per_bucket:.2f} [{r.ci_lo:.2f}, {r.ci_hi:.2f}] | "
-        f"{r.us_over_local_per_bucket:.2f} | {r.over_torch:.3f} [{r.over_torch_lo:.3f}, {r.over_torch_hi:.3f}] |"
+        f"{r.us_over_local_per_bucket:.2f} | {r.over_torch:.3f} [{r.over_torch_lo:.3f}, {r.over_torch_hi:.3f}] | "
+        f"{r.over_floor:.3f} [{r.over_floor_lo:.3f}, {r.over_floor_hi:.3f}] |"
         for r in per.itertuples()
     ]
     table = ["| ranks | step, alone | us per bucket [95% CI] |", "|---|---|---|"]
@@ -85,17 +90,9 @@ def bucket_cost() -> str:
         f"| {r.world_size} | {r.step} | {r.us_per_bucket:.2f} [{r.ci_lo:.2f}, {r.ci_hi:.2f}] |"
         for r in steps[steps["world_size"] == 1].itertuples()
     ]  # at 2 ranks the floor is the link's
-    one = per[(per["world_size"] == 1) & (per["ddp"] == "ours")]["us_per_bucket"]
-    alone = steps[steps["world_size"] == 1]["us_per_bucket"].sum()
-    rest = (
-        f" At 1 rank, ours's cost per added bucket less the three steps alone (its Python bookkeeping, and what "
-        f"the steps cost more inside backward): {one.iloc[0] - alone:.2f} us."
-        if len(one)
-        else ""
-    )
     return (
         "\n".join(rows) + "\n\n" + "\n".join(table) + f"\n\n{per['model'].iloc[0]}, {per['buckets'].iloc[0]} "
-        f"buckets at cap 0.{rest}" + _stale(per["git_commit"])
+        "buckets at cap 0." + _stale(per["git_commit"])
     )
 
 
@@ -105,8 +102,8 @@ def autotune() -> str:
     rows = [
         "| model | link, Mbit/s per rank | settled on (MiB, per repetition) | iterations until settled, at most | "
         f"settled / best fixed cap ({t['repeats'].max()} repetitions) | torch's 25 MiB / best | "
-        "what tuning cost, ms (iterations' worth) |",
-        "|---|---|---|---|---|---|---|",
+        "what tuning cost, ms (iterations' worth) | settled at 25 MiB / fixed 25 MiB |",
+        "|---|---|---|---|---|---|---|---|",
     ]
     for r in t.itertuples(index=False):
         rate = "loopback" if pd.isna(r.rate_mbit) else f"{r.net}, {r.rate_mbit:.0f}"
@@ -115,9 +112,9 @@ def autotune() -> str:
             f"[{r.settled_vs_best_lo:.3f}, {r.settled_vs_best_hi:.3f}]** (best: {r.best_fixed_mb:g} MiB) | "
             f"{r.default_vs_best:.3f} [{r.default_vs_best_lo:.3f}, {r.default_vs_best_hi:.3f}] | "
             f"{r.tuning_extra_ms:.0f} [{r.tuning_extra_ms_lo:.0f}, {r.tuning_extra_ms_hi:.0f}] "
-            f"({r.tuning_extra_iters:.1f}) |"
+            f"({r.tuning_extra_iters:.1f}) | {'' if pd.isna(r.warmth) else f'{r.warmth:.3f}'} |"
         )
-    return "\n".join(rows) + _stale(t["git_commit"].str.split().explode())
+    return "\n".join(rows) + _stale(t["git_commit"].str.split().explode(), auto=True)
 
 
 def gpu_check() -> str:

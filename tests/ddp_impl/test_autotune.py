@@ -41,9 +41,18 @@ def test_a_cap_resolved_faster_than_the_default_is_chosen_within_the_budget(seed
     assert {t["stage"] for t in log} == {"coarse", "fine"}
 
 
+def test_a_few_percent_over_the_default_is_found_through_the_noise_of_single_iterations():
+    """ResNet50 at 1 Gbit/s on this CPU (make autotune's fixed caps): 5 MiB ~5% faster than 25 MiB, 1 MiB between;
+    one iteration's time varies by ~2%. Three rounds cannot resolve that; the rounds after them go to the close caps."""
+    curve = {1.0: 103.0, 5.0: 100.0, 25.0: 105.6, 100.0: 115.0}
+    results = [search(lambda cap: curve.get(cap, 101.0), seed=seed)[0] for seed in range(20)]
+    assert sum(r["cap_mb"] != DEFAULT_BUCKET_CAP_MB for r in results) >= 18
+    assert all(r["iterations"] <= BUDGET_ITERS for r in results)
+
+
 def test_without_a_real_difference_the_cap_mostly_stays_at_the_default():
-    """Every cap equally fast: a cap other than the default is chosen only by a rare chance resolution in both
-    stages (about 5% of searches; harmless, as every cap is as fast)."""
+    """Every cap equally fast: a cap other than the default is chosen only by a rare chance resolution (about 5% of
+    searches; harmless, as every cap is as fast)."""
     results = [search(lambda cap: 100.0, noise=0.03, seed=seed)[0] for seed in range(60)]
     assert sum(r["cap_mb"] != DEFAULT_BUCKET_CAP_MB for r in results) <= 6
     assert all(r["iterations"] <= BUDGET_ITERS for r in results)
