@@ -1,7 +1,7 @@
 """``bucket_cap_mb="auto"`` measured: ours finding its cap while it trains, beside every fixed cap of a sweep.
 
-    make autotune                                   ResNet50 and BERT-base, 2 ranks, net=auto (~25 min on 2 cores)
-    make autotune ARGS="--models=resnet50 --nets=auto,1gbit --repeats=2"
+    make autotune                                   ResNet50 and BERT-base, 2 ranks, net=auto (~12 min on 2 cores)
+    make autotune ARGS="--nets=auto,1gbit --skip=bert-base@1gbit"     BENCHMARKS.md's run (~18 min)
     python -m experiments autotune --help
 
 Per model and link, each repetition trains ours with ``bucket_cap_mb="auto"`` (``ddp_impl.autotune``: the point
