@@ -115,4 +115,4 @@ def test_the_readme_python_example_runs_as_written(tmp_path):
         timeout=180,
     )
     assert done.returncode == 0, done.stderr[-2000:]
-    assert sorted(line.split()[0] for line in done.stdout.splitlines() if "ms of allreduce" in line) == ["0", "1"]
+    assert re.fullmatch(r"\d+\.\d+ ms of allreduce\n", done.stdout), done.stdout  # rank 0's line, whole
