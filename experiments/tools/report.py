@@ -96,7 +96,14 @@ def stress() -> str:
             f"{'beside a CPU hog' if hog else 'without a hog'} {int((g['returncode'] == 0).sum())} of "
             f"{len(g)} ({g['seconds'].min()}-{g['seconds'].max()} s, {int(g['failed'].sum())} failed tests)"
         )
-    return "\n".join(rows) + "\n\n" + "; ".join(clones) + "."
+    return "\n".join(rows) + "\n\n" + "; ".join(clones) + ". " + _newest_streak(f)
+
+
+def _newest_streak(f: pd.DataFrame) -> str:
+    """How many of the newest fresh clones passed in a row, and how many of them beside a CPU hog."""
+    failed = (f["returncode"] != 0).to_numpy()
+    streak = f.tail(int((~failed[::-1]).cumprod().sum()))
+    return f"The newest {len(streak)} passed in a row ({int(streak['hog'].sum())} of them beside a CPU hog)."
 
 
 def _flake_hunt(t: pd.DataFrame) -> str:
