@@ -100,10 +100,14 @@ def stress() -> str:
 
 
 def _newest_streak(f: pd.DataFrame) -> str:
-    """How many of the newest fresh clones passed in a row, and how many of them beside a CPU hog."""
+    """How many of the newest fresh clones of the newest code measured passed in a row, how many beside a hog."""
+    f = f[f["git_commit"] == f["git_commit"].iloc[-1]]
     failed = (f["returncode"] != 0).to_numpy()
     streak = f.tail(int((~failed[::-1]).cumprod().sum()))
-    return f"The newest {len(streak)} passed in a row ({int(streak['hog'].sum())} of them beside a CPU hog)."
+    return (
+        f"The newest code measured: its last {len(streak)} passed in a row, {int(streak['hog'].sum())} of them "
+        "beside a CPU hog."
+    )
 
 
 def _flake_hunt(t: pd.DataFrame) -> str:
